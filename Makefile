@@ -1,0 +1,46 @@
+# Two commands for learners: `make lab` and `make test`.
+# Both create .venv on first use (python3 >= 3.11) and reuse it afterwards.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+KERNEL := posenc
+STAMP  := $(VENV)/.installed
+
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export HF_HUB_DISABLE_PROGRESS_BARS := 1
+export HF_DATASETS_DISABLE_PROGRESS_BARS := 1
+export TOKENIZERS_PARALLELISM := false
+export PYTHONHASHSEED := 0
+
+.PHONY: lab test unit nbval bench env clean kernel
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+env: $(STAMP)
+
+kernel: $(STAMP)
+	$(BIN)/python -m ipykernel install --user --name $(KERNEL) --display-name "Python (posenc)" >/dev/null
+
+lab: env kernel
+	HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 $(BIN)/jupyter lab --notebook-dir=notebooks
+
+unit: env
+	$(BIN)/python -m pytest -q tests
+
+nbval: env
+	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+test: env
+	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+bench: env
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,226 @@
+"""One multi-head attention module with small extension points for position schemes.
+
+A position scheme (:class:`PositionScheme`) can enter attention in exactly four
+places, and each scheme overrides only the hooks it needs:
+
+==================  ==========================================  ===========================
+hook                what it does                                used by
+==================  ==========================================  ===========================
+``embed``           add a code to the token embeddings          sinusoidal, learned
+``rotate``          rotate queries and keys                     rope
+``bias``            add a content-free bias to the scores       t5, alibi
+``scores``          add content-dependent score terms           shaw, xlnet, deberta
+``values``          add a term to the attention output          shaw
+==================  ==========================================  ===========================
+
+Scores are ``(q k^T + scores) / sqrt(head_dim * score_terms) + bias``; DeBERTa
+sets ``score_terms = 3`` (its 1/sqrt(3d) scale).  ``prepare`` runs once per
+forward pass of a stack and returns a context (relative-index matrices, the T5
+bias, RoPE's cos/sin) that every layer of the stack reuses.
+
+When a scheme has no ``scores``/``values`` hooks the module calls
+``torch.nn.functional.scaled_dot_product_attention`` (the fused kernel), with
+the bias and masks folded into one float ``attn_mask``; otherwise it computes
+the softmax explicitly.
+
+Shapes: ``q: (batch, heads, q_len, head_dim)``, ``k, v: (batch, heads, k_len, head_dim)``;
+positions ``q_pos: (q_len,)``, ``k_pos: (k_len,)`` are absolute (a cached decoder
+step has ``q_pos = [t]`` and ``k_pos = [0..t]``).
+
+Taught across notebooks/05-10; the module is the common ground of them all.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .utils import check_divides
+
+
+class PositionScheme(nn.Module):
+    """Base class and the ``none`` scheme: attention sees no position at all.
+
+    One instance serves one stack (the encoder's self-attention or the
+    decoder's); per-layer parameters are indexed by ``layer``.
+    """
+
+    name = "none"
+    #: where the position enters: "input", "q,k", "scores", "scores+values" or "nowhere"
+    where = "nowhere"
+    #: number of score terms that share the 1/sqrt(head_dim * score_terms) scale
+    score_terms = 1
+
+    def __init__(self, d_model: int, n_heads: int, num_layers: int, causal: bool = False):
+        super().__init__()
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = check_divides(d_model, n_heads)
+        self.num_layers = num_layers
+        self.causal = causal
+
+    # -- the hooks --------------------------------------------------------------------------
+    def embed(self, positions: torch.Tensor) -> torch.Tensor | None:
+        """``(seq, d_model)`` code added to the token embeddings, or ``None``."""
+        return None
+
+    def prepare(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict[str, Any]:
+        """Per-forward context shared by all layers of the stack."""
+        return {"q_pos": q_pos, "k_pos": k_pos}
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, ctx: dict, layer: int):
+        """Rotate ``q`` and the *new* keys ``k`` (both at positions ``ctx['q_pos']``)."""
+        return q, k
+
+    def bias(self, ctx: dict, layer: int) -> torch.Tensor | None:
+        """Content-free score bias broadcastable to ``(batch, heads, q_len, k_len)``."""
+        return None
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, ctx: dict, layer: int, attn: "MultiHeadAttention"):
+        """Extra (unscaled) score terms ``(batch, heads, q_len, k_len)``, or ``None``."""
+        return None
+
+    def values(self, probs: torch.Tensor, ctx: dict, layer: int) -> torch.Tensor | None:
+        """Extra output term ``(batch, heads, q_len, head_dim)`` from the attention weights."""
+        return None
+
+    # -- facts for the comparison table ------------------------------------------------------
+    @property
+    def fused(self) -> bool:
+        """True when attention can use the fused ``scaled_dot_product_attention`` kernel."""
+        cls = type(self)
+        return cls.scores is PositionScheme.scores and cls.values is PositionScheme.values
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}"
+
+
+def merge_masks(
+    q_len: int,
+    k_len: int,
+    *,
+    causal: bool,
+    q_pos: torch.Tensor | None,
+    k_pos: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Boolean ``allowed`` mask broadcastable to ``(batch, 1, q_len, k_len)``, or ``None``.
+
+    ``key_padding_mask: (batch, k_len)`` is True at padding (the PyTorch convention).
+    The causal part compares absolute positions, so it is right for cached steps too.
+    """
+    allowed = None
+    if causal:
+        allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask.bool()[:, None, None, :]
+        allowed = keep if allowed is None else (allowed & keep)
+    return allowed
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (batch first) with position-scheme hooks and an optional cache."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.head_dim = check_divides(d_model, n_heads)
+        self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        #: set True to keep the last attention weights in ``last_weights`` (for plots)
+        self.keep_weights = False
+        self.last_weights: torch.Tensor | None = None
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, len, d_model) -> (batch, heads, len, head_dim)``."""
+        b, n, _ = x.shape
+        return x.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        pos: PositionScheme | None = None,
+        ctx: dict | None = None,
+        layer: int = 0,
+        cache: dict | None = None,
+        need_weights: bool = False,
+    ):
+        """Attend from ``x (batch, q_len, d_model)`` to ``kv`` (default: ``x``, self-attention).
+
+        ``cache``: a dict this layer owns during incremental decoding.  For
+        self-attention it accumulates keys/values (RoPE keys already rotated);
+        for cross-attention it stores the projected memory once.
+        Returns ``(batch, q_len, d_model)``, and the attention weights if ``need_weights``.
+        """
+        b, q_len, _ = x.shape
+        need_weights = need_weights or self.keep_weights
+        q = self.split(self.q_proj(x))
+        if kv is None:  # self-attention
+            k, v = self.split(self.k_proj(x)), self.split(self.v_proj(x))
+            if pos is not None:
+                q, k = pos.rotate(q, k, ctx, layer)
+            if cache is not None:
+                if "k" in cache:
+                    k = torch.cat((cache["k"], k), dim=2)
+                    v = torch.cat((cache["v"], v), dim=2)
+                cache["k"], cache["v"] = k, v
+        else:  # cross-attention: no positions
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                k, v = self.split(self.k_proj(kv)), self.split(self.v_proj(kv))
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        k_len = k.shape[2]
+
+        q_pos = ctx["q_pos"] if ctx is not None else None
+        k_pos = ctx["k_pos"] if ctx is not None else None
+        if causal and q_pos is None:
+            q_pos = torch.arange(k_len - q_len, k_len, device=x.device)
+            k_pos = torch.arange(k_len, device=x.device)
+        allowed = merge_masks(q_len, k_len, causal=causal, q_pos=q_pos, k_pos=k_pos, key_padding_mask=key_padding_mask)
+        bias = pos.bias(ctx, layer) if pos is not None else None
+        extra = pos.scores(q, k, ctx, layer, self) if pos is not None else None
+        terms = pos.score_terms if pos is not None else 1
+        scale = 1.0 / math.sqrt(self.head_dim * terms)
+        p_drop = self.dropout if self.training else 0.0
+
+        use_value_hook = pos is not None and type(pos).values is not PositionScheme.values
+        if extra is None and not use_value_hook and not need_weights:
+            mask = allowed
+            if bias is not None:
+                mask = bias.to(q.dtype)
+                if allowed is not None:
+                    mask = mask.masked_fill(~allowed, float("-inf"))
+            if mask is None and causal and q_len == k_len and key_padding_mask is None:
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=True, scale=scale)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, scale=scale)
+            probs = None
+        else:
+            s = q @ k.transpose(-1, -2)
+            if extra is not None:
+                s = s + extra
+            s = s * scale
+            if bias is not None:
+                s = s + bias
+            if allowed is not None:
+                s = s.masked_fill(~allowed, float("-inf"))
+            probs = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+            probs_d = F.dropout(probs, p_drop) if p_drop else probs
+            out = probs_d @ v
+            if use_value_hook:
+                out = out + pos.values(probs_d, ctx, layer)
+        out = self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
+        if self.keep_weights:
+            self.last_weights = probs.detach()
+        return (out, probs) if need_weights else out

@@ -1,0 +1,109 @@
+"""DeBERTa disentangled attention (He et al. 2021, "DeBERTa: Decoding-enhanced BERT with
+Disentangled Attention", arXiv:2006.03654; log buckets from DeBERTa-v2).
+
+Content and position are kept as separate vectors; the score of query ``i`` on
+key ``j`` sums three of the four cross terms:
+
+    A_ij = Q^c_i . K^c_j                   content -> content
+         + Q^c_i . K^r_{delta(i,j)}         content -> position
+         + K^c_j . Q^r_{delta(i,j)}         position -> content
+    score_ij = A_ij / sqrt(3 d)
+
+``K^r = P W_k`` and ``Q^r = P W_q`` project a shared table ``P`` of ``2k``
+relative-position embeddings (layer-normed) with the layer's own key/query
+weights (DeBERTa-v2's ``share_att_key``).  The position -> position term is
+dropped: with relative positions only, it carries no information about the
+tokens.  ``delta(i, j)`` is the relative position ``i - j``, log-bucketed
+(:func:`deberta_log_bucket`: exact up to ``bucket_size/2``, logarithmic up to
+``max_position``), shifted by ``k`` and clipped to ``[0, 2k)``.  The index of
+the position -> content term follows the official implementation (and
+``transformers``' ``DebertaV2``), which this module is tested against.
+
+Taught in notebooks/09_deberta.ipynb.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import PositionScheme
+from .utils import check_positive_int
+
+
+def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
+    """Log-bucketed relative positions (sign kept): exact for ``|r| <= bucket_size // 2``.
+
+    Beyond, ``sign(r) * (mid + ceil(log(|r|/mid) / log((max_position - 1)/mid) * (mid - 1)))``
+    with ``mid = bucket_size // 2``.  Returns int64 of the same shape.
+    """
+    bucket_size = check_positive_int("bucket_size", bucket_size)
+    max_position = check_positive_int("max_position", max_position)
+    mid = bucket_size // 2
+    if mid < 2 or max_position - 1 <= mid:
+        raise ValueError(
+            f"need bucket_size >= 4 and max_position > bucket_size // 2 + 1, got bucket_size={bucket_size}, "
+            f"max_position={max_position}"
+        )
+    rel = relative_position.long()
+    sign = torch.sign(rel)
+    abs_pos = torch.where((rel < mid) & (rel > -mid), torch.full_like(rel, mid - 1), rel.abs()).float()
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    return torch.where(abs_pos <= mid, rel.float(), log_pos * sign).long()
+
+
+def deberta_index(q_pos, k_pos, span: int, bucket_size: int | None, max_position: int | None) -> torch.Tensor:
+    """``(q_len, k_len)`` index ``clip(delta(i, j) + span, 0, 2*span - 1)`` with ``delta = bucket(i - j)``."""
+    rel = q_pos[:, None] - k_pos[None, :]
+    if bucket_size is not None and bucket_size > 0:
+        rel = deberta_log_bucket(rel, bucket_size, max_position)
+    return (rel + span).clamp(0, 2 * span - 1)
+
+
+def disentangled_scores(q, k, pos_q, pos_k, index):
+    """c2p + p2c terms (unscaled).
+
+    ``q: (B, H, Lq, d)``, ``k: (B, H, Lk, d)``, ``pos_q, pos_k: (H, 2k, d)`` (projected
+    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.
+    """
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    c2p = (q @ pos_k.transpose(-1, -2)).gather(-1, index.expand(b, h, lq, lk))
+    p2c = (k @ pos_q.transpose(-1, -2)).gather(-1, index.t().expand(b, h, lk, lq)).transpose(-1, -2)
+    return c2p + p2c
+
+
+class DebertaDisentangled(PositionScheme):
+    """A shared, layer-normed table of ``2 * position_buckets`` relative embeddings per stack."""
+
+    name = "deberta"
+    where = "scores"
+    score_terms = 3
+
+    def __init__(
+        self, d_model, n_heads, num_layers, causal=False, position_buckets: int = 32, max_relative_positions: int = 128
+    ):
+        super().__init__(d_model, n_heads, num_layers, causal)
+        self.position_buckets = check_positive_int("position_buckets", position_buckets)
+        self.max_relative_positions = check_positive_int("max_relative_positions", max_relative_positions)
+        self.rel_embeddings = nn.Embedding(2 * self.position_buckets, d_model)
+        nn.init.normal_(self.rel_embeddings.weight, std=0.02)
+        self.rel_norm = nn.LayerNorm(d_model)
+
+    def prepare(self, q_pos, k_pos):
+        index = deberta_index(q_pos, k_pos, self.position_buckets, self.position_buckets, self.max_relative_positions)
+        return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "rel": self.rel_norm(self.rel_embeddings.weight)}
+
+    def scores(self, q, k, ctx, layer, attn):
+        rel = ctx["rel"].to(q.dtype)
+        h, dh = self.n_heads, self.head_dim
+        pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
+        pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
+        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"])
+
+    def extra_repr(self):
+        return (
+            f"causal={self.causal}, position_buckets={self.position_buckets}, "
+            f"max_relative_positions={self.max_relative_positions}"
+        )

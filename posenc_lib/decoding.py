@@ -1,0 +1,59 @@
+"""Greedy decoding with a key/value cache (and without, for comparison).
+
+With ``use_cache=True`` each step feeds only the newest token: every decoder
+layer appends its key and value to a cache (RoPE keys rotated once, at their
+own absolute position) and the position scheme builds its bias or relative
+indices for the one new query row against all cached keys.  With
+``use_cache=False`` the whole prefix is re-run at every step, as the seed
+report did; both must give identical tokens.
+
+Taught in notebooks/06_rope.ipynb (the cache) and used by notebooks/12.
+"""
+from __future__ import annotations
+
+import torch
+
+from .model import Seq2SeqTransformer
+from .utils import check_positive_int, check_token_tensor
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: Seq2SeqTransformer,
+    src: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    bos_id: int,
+    eos_id: int,
+    use_cache: bool = True,
+    src_key_padding_mask: torch.Tensor | None = None,
+    pad_id: int | None = None,
+) -> torch.Tensor:
+    """Decode ``src (B, S)`` greedily; returns ``(B, <= max_new_tokens + 1)`` ids starting with ``bos_id``.
+
+    Rows that produced ``eos_id`` are filled with ``pad_id`` (default: the
+    model's) afterwards; decoding stops early once every row has finished.
+    """
+    check_token_tensor("src", src)
+    max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+    pad_id = model.pad_id if pad_id is None else pad_id
+    was_training = model.training
+    model.eval()
+    try:
+        memory = model.encode(src, src_key_padding_mask)
+        b = src.shape[0]
+        ys = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(b, dtype=torch.bool, device=src.device)
+        cache = model.new_cache() if use_cache else None
+        for _ in range(max_new_tokens):
+            inp = ys[:, -1:] if use_cache else ys
+            logits = model.decode(inp, memory, memory_key_padding_mask=src_key_padding_mask, cache=cache)
+            nxt = logits[:, -1].argmax(-1)
+            nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+            ys = torch.cat((ys, nxt[:, None]), dim=1)
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+        return ys
+    finally:
+        model.train(was_training)

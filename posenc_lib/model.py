@@ -1,0 +1,264 @@
+"""One encoder-decoder Transformer that takes any position scheme by name.
+
+Architecture (batch first): token embedding x sqrt(d_model) (+ input-level
+position code) -> dropout -> N encoder layers -> N decoder layers (causal
+self-attention, cross-attention, feed-forward) -> linear output.  Layers are
+**pre-norm** by default (``norm_first=True``: LayerNorm before each sub-layer,
+a final LayerNorm after each stack), which trains stably at the small budgets
+of this course; ``norm_first=False`` gives the original post-norm layout of
+Vaswani et al. and of the seed report's ``nn.Transformer``.
+
+Positions enter the encoder's and decoder's *self*-attention only: the
+distance between a target and a source token has no meaning, so
+cross-attention is position-free for every scheme (as in T5 and Shaw et al.).
+Source and target embeddings and the output layer share one matrix by default
+(``tie_embeddings=True``; a joint source/target vocabulary is assumed).
+
+Used by every notebook from 05 on, by the extrapolation experiment and by
+``python -m posenc_lib.wmt14``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import MultiHeadAttention, PositionScheme
+from .schemes import canonical_pe, make_scheme
+from .utils import check_divides, check_positive_int, check_token_tensor
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, d_model: int, dim_feedforward: int, dropout: float):
+        super().__init__(
+            nn.Linear(d_model, dim_feedforward), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim_feedforward, d_model)
+        )
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, dim_feedforward, dropout, norm_first):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.ff = FeedForward(d_model, dim_feedforward, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, pad_mask, pos, ctx, layer):
+        def sa(h):
+            return self.self_attn(h, key_padding_mask=pad_mask, pos=pos, ctx=ctx, layer=layer)
+
+        if self.norm_first:
+            x = x + self.drop(sa(self.norm1(x)))
+            return x + self.drop(self.ff(self.norm2(x)))
+        x = self.norm1(x + self.drop(sa(x)))
+        return self.norm2(x + self.drop(self.ff(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, dim_feedforward, dropout, norm_first):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.ff = FeedForward(d_model, dim_feedforward, dropout)
+        self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, memory, tgt_pad_mask, mem_pad_mask, pos, ctx, layer, cache=None):
+        def sa(h):
+            c = cache["self"] if cache is not None else None
+            return self.self_attn(h, key_padding_mask=tgt_pad_mask, causal=True, pos=pos, ctx=ctx, layer=layer, cache=c)
+
+        def ca(h):
+            c = cache["cross"] if cache is not None else None
+            return self.cross_attn(h, memory, key_padding_mask=mem_pad_mask, cache=c)
+
+        if self.norm_first:
+            x = x + self.drop(sa(self.norm1(x)))
+            x = x + self.drop(ca(self.norm2(x)))
+            return x + self.drop(self.ff(self.norm3(x)))
+        x = self.norm1(x + self.drop(sa(x)))
+        x = self.norm2(x + self.drop(ca(x)))
+        return self.norm3(x + self.drop(self.ff(x)))
+
+
+class DecoderCache:
+    """Keys/values of every decoder layer during incremental decoding, and the next position."""
+
+    def __init__(self, num_layers: int):
+        self.layers = [{"self": {}, "cross": {}} for _ in range(num_layers)]
+        self.offset = 0
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` (beam search)."""
+        for layer in self.layers:
+            for part in layer.values():
+                for key in part:
+                    part[key] = part[key].index_select(0, index)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Encoder-decoder Transformer; ``forward(src, tgt) -> logits (B, T, vocab)``."""
+
+    def __init__(
+        self,
+        pe: str,
+        vocab_size: int,
+        *,
+        d_model: int = 64,
+        n_heads: int = 8,
+        num_layers: int = 6,
+        num_decoder_layers: int | None = None,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        norm_first: bool = True,
+        tie_embeddings: bool = True,
+        pad_id: int = 0,
+        **pe_options,
+    ):
+        super().__init__()
+        self.pe = canonical_pe(pe)
+        self.vocab_size = check_positive_int("vocab_size", vocab_size)
+        self.d_model = d_model
+        check_divides(d_model, n_heads)
+        num_layers = check_positive_int("num_layers", num_layers)
+        num_decoder_layers = check_positive_int("num_decoder_layers", num_decoder_layers or num_layers)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.pad_id = pad_id
+        self.pe_options = dict(pe_options)
+        self.enc_pos: PositionScheme = make_scheme(self.pe, d_model, n_heads, num_layers, causal=False, **pe_options)
+        self.dec_pos: PositionScheme = make_scheme(
+            self.pe, d_model, n_heads, num_decoder_layers, causal=True, **pe_options
+        )
+        self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
+        if tie_embeddings:
+            self.tgt_embed, self.out_proj = self.embed, None
+        else:
+            self.tgt_embed = nn.Embedding(vocab_size, d_model)
+            nn.init.normal_(self.tgt_embed.weight, std=d_model**-0.5)
+            self.out_proj = nn.Linear(d_model, vocab_size, bias=False)
+        self.encoder = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, dim_feedforward, dropout, norm_first) for _ in range(num_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderLayer(d_model, n_heads, dim_feedforward, dropout, norm_first) for _ in range(num_decoder_layers)
+        )
+        self.enc_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.dec_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        self.norm_first = norm_first
+        self.config = dict(
+            pe=self.pe, vocab_size=vocab_size, d_model=d_model, n_heads=n_heads, num_layers=num_layers,
+            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout,
+            norm_first=norm_first, tie_embeddings=tie_embeddings, pad_id=pad_id, **pe_options,
+        )  # fmt: skip
+
+    # -- pieces --------------------------------------------------------------------------------
+    def _embed(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
+        x = table(tokens) * math.sqrt(self.d_model)
+        code = scheme.embed(positions)
+        if code is not None:
+            x = x + code.to(x.dtype)
+        return self.drop(x)
+
+    def encode(self, src: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``src (B, S)`` int64 -> memory ``(B, S, d_model)``."""
+        check_token_tensor("src", src)
+        pos = torch.arange(src.shape[1], device=src.device)
+        x = self._embed(self.embed, src, self.enc_pos, pos)
+        ctx = self.enc_pos.prepare(pos, pos)
+        for i, layer in enumerate(self.encoder):
+            x = layer(x, src_key_padding_mask, self.enc_pos, ctx, i)
+        return self.enc_norm(x)
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        *,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """``tgt (B, T)`` -> logits ``(B, T, vocab)``.  With ``cache`` only the new tokens are passed."""
+        check_token_tensor("tgt", tgt)
+        offset = cache.offset if cache is not None else 0
+        t = tgt.shape[1]
+        q_pos = torch.arange(offset, offset + t, device=tgt.device)
+        k_pos = torch.arange(0, offset + t, device=tgt.device)
+        x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)
+        ctx = self.dec_pos.prepare(q_pos, k_pos)
+        for i, layer in enumerate(self.decoder):
+            c = cache.layers[i] if cache is not None else None
+            x = layer(x, memory, tgt_key_padding_mask, memory_key_padding_mask, self.dec_pos, ctx, i, c)
+        if cache is not None:
+            cache.offset += t
+        x = self.dec_norm(x)
+        return x @ self.embed.weight.t() if self.out_proj is None else self.out_proj(x)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.decoder))
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt: torch.Tensor,
+        *,
+        src_key_padding_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``src (B, S)``, ``tgt (B, T)`` int64 -> logits ``(B, T, vocab_size)``; padding masks True at pads."""
+        memory = self.encode(src, src_key_padding_mask)
+        return self.decode(
+            tgt, memory, memory_key_padding_mask=src_key_padding_mask, tgt_key_padding_mask=tgt_key_padding_mask
+        )
+
+    def loss(self, src, tgt_in, tgt_out, *, label_smoothing: float = 0.0, **masks) -> torch.Tensor:
+        """Mean cross-entropy over non-pad target tokens."""
+        logits = self(src, tgt_in, **masks)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), tgt_out.reshape(-1),
+            ignore_index=self.pad_id, label_smoothing=label_smoothing,
+        )  # fmt: skip
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def attention_layers(self):
+        """``(name, MultiHeadAttention)`` pairs, e.g. to set ``keep_weights`` for plots."""
+        for i, layer in enumerate(self.encoder):
+            yield f"encoder.{i}.self", layer.self_attn
+        for i, layer in enumerate(self.decoder):
+            yield f"decoder.{i}.self", layer.self_attn
+            yield f"decoder.{i}.cross", layer.cross_attn
+
+
+def build_model(
+    pe: str,
+    vocab_size: int,
+    *,
+    d_model: int = 64,
+    n_heads: int = 8,
+    num_layers: int = 6,
+    dim_feedforward: int = 2048,
+    dropout: float = 0.1,
+    **options,
+) -> Seq2SeqTransformer:
+    """Build the seq2seq Transformer with positional encoding ``pe``.
+
+    ``pe``: one of :data:`~posenc_lib.PE_TYPES` or an alias (``nonepe``, ``sinpe``,
+    ``rpe`` = shaw, ``rope``).  Defaults follow the seed report (d_model 64,
+    8 heads, 6+6 layers, ff 2048).  Other keywords: the model's
+    ``num_decoder_layers``, ``norm_first``, ``tie_embeddings``, ``pad_id``, and the
+    scheme's own options (see :func:`~posenc_lib.schemes.scheme_options`), e.g.
+    ``max_relative_position=16`` for shaw or ``interleaved=False`` for rope.
+    """
+    return Seq2SeqTransformer(
+        pe, vocab_size, d_model=d_model, n_heads=n_heads, num_layers=num_layers,
+        dim_feedforward=dim_feedforward, dropout=dropout, **options,
+    )  # fmt: skip

@@ -1,0 +1,162 @@
+"""Rotary position embedding, RoPE (Su et al. 2021, "RoFormer: Enhanced Transformer with
+Rotary Position Embedding", arXiv:2104.09864).
+
+Treat each pair of query/key dimensions as a complex number and multiply it by
+``exp(i * m * theta_k)`` with ``theta_k = base^(-2k/d)``:
+
+    f(x, m) = R_m x,   R_m = blockdiag([[cos m.th_k, -sin m.th_k], [sin m.th_k, cos m.th_k]])
+    <R_m q, R_n k> = q^T R_{n-m} k        (depends on m and n only through n - m)
+
+Two conventions for *which* dimensions form a pair:
+
+* ``interleaved=True`` -- pairs ``(x0, x1), (x2, x3), ...`` as in the RoFormer paper
+  and the seed report;
+* ``interleaved=False`` -- pairs ``(x_k, x_{k + d/2})`` with ``rotate_half`` as in
+  GPT-NeoX and Llama.
+
+They are the same rotation up to a fixed permutation of dimensions, so weights
+trained with one cannot be used with the other without permuting.
+
+The angles ``m * theta_k`` are always computed in float32 (never bf16/fp16, whose
+8-/11-bit mantissas cannot hold ``m * theta`` for large ``m``), then the rotation
+is applied in the input dtype.  ``positions`` are absolute, so a decoder with a
+key/value cache rotates each new key once, at its own position.
+
+Taught in notebooks/06_rope.ipynb.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .utils import check_even, check_float_tensor
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
+    """``(head_dim // 2,)`` float32 frequencies ``theta_k = base^(-2k/head_dim)``."""
+    head_dim = check_even("head_dim", head_dim)
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """``(seq, head_dim // 2)`` float32 angles ``m * theta_k``."""
+    theta = rope_frequencies(head_dim, base, positions.device)
+    return positions.to(torch.float32)[:, None] * theta[None, :]
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float = 10000.0, interleaved: bool = True):
+    """cos and sin expanded to ``(seq, head_dim)`` for the chosen pairing (float32)."""
+    ang = rope_angles(positions, head_dim, base)
+    if interleaved:
+        ang = ang.repeat_interleave(2, dim=-1)  # th0 th0 th1 th1 ...
+    else:
+        ang = torch.cat((ang, ang), dim=-1)  # th0 th1 ... th0 th1 ...
+    return ang.cos(), ang.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dimension (half-split pairing)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """``(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)`` (interleaved pairing)."""
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x_odd, x_even), dim=-1).flatten(-2)
+
+
+def apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = True) -> torch.Tensor:
+    """Rotate ``x (..., seq, head_dim)`` with precomputed ``cos, sin (seq, head_dim)``."""
+    rot = rotate_pairs(x) if interleaved else rotate_half(x)
+    out = x.float() * cos + rot.float() * sin
+    return out.to(x.dtype)
+
+
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0, interleaved: bool = True
+) -> torch.Tensor:
+    """Rotate ``x (..., seq, head_dim)`` by its positions.
+
+    ``positions``: 1-D tensor of absolute positions, length ``seq`` (default
+    ``arange(seq)``); pass ``arange(offset, offset + seq)`` for cached decoding.
+    """
+    check_float_tensor("x", x)
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    check_even("head_dim", head_dim)
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    if positions.dim() != 1 or positions.shape[0] != seq:
+        raise ValueError(f"positions must be 1-D with length seq={seq}, got shape {tuple(positions.shape)}")
+    cos, sin = rope_cos_sin(positions.to(x.device), head_dim, base, interleaved)
+    return apply_rope_cos_sin(x, cos, sin, interleaved)
+
+
+def apply_rope_complex(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0) -> torch.Tensor:
+    """The paper's complex form with ``torch.polar`` (interleaved pairing); for teaching and tests."""
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    rot = torch.polar(torch.ones(seq, head_dim // 2, device=x.device), rope_angles(positions, head_dim, base))
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], head_dim // 2, 2).contiguous())
+    return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)
+
+
+def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
+    """Index ``p`` with ``rope_half(x[..., p]) == rope_interleaved(x)[..., p]``.
+
+    ``p = [0, 2, 4, ..., 1, 3, 5, ...]`` gathers the pair members into the two halves.
+    """
+    head_dim = check_even("head_dim", head_dim)
+    return torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))
+
+
+class RotaryCache(nn.Module):
+    """cos/sin tables cached per (length, device), grown on demand; float32 phases."""
+
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = True):
+        super().__init__()
+        self.head_dim = check_even("head_dim", head_dim)
+        self.base = base
+        self.interleaved = interleaved
+        self._cos: torch.Tensor | None = None
+        self._sin: torch.Tensor | None = None
+
+    def forward(self, positions: torch.Tensor):
+        """``positions (seq,)`` -> ``cos, sin`` each ``(seq, head_dim)`` float32."""
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        if self._cos is None or self._cos.shape[0] < need or self._cos.device != positions.device:
+            n = max(need, 64 if self._cos is None else 2 * self._cos.shape[0])
+            self._cos, self._sin = rope_cos_sin(
+                torch.arange(n, device=positions.device), self.head_dim, self.base, self.interleaved
+            )
+        return self._cos[positions], self._sin[positions]
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}, interleaved={self.interleaved}"
+
+
+from .attention import PositionScheme  # noqa: E402
+
+
+class RotaryScheme(PositionScheme):
+    """Rotates queries and keys of every self-attention layer; keys are cached already rotated."""
+
+    name = "rope"
+    where = "q,k"
+
+    def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0, interleaved: bool = True):
+        super().__init__(d_model, n_heads, num_layers, causal)
+        self.cache = RotaryCache(self.head_dim, base, interleaved)
+        self.interleaved = interleaved
+
+    def prepare(self, q_pos, k_pos):
+        cos, sin = self.cache(q_pos)
+        return {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
+
+    def rotate(self, q, k, ctx, layer):
+        cos, sin = ctx["cos"], ctx["sin"]
+        return (apply_rope_cos_sin(q, cos, sin, self.interleaved), apply_rope_cos_sin(k, cos, sin, self.interleaved))
+
+    def extra_repr(self):
+        return f"causal={self.causal}, interleaved={self.interleaved}, base={self.cache.base}"

@@ -1,0 +1,87 @@
+"""T5 relative position bias (Raffel et al. 2020, "Exploring the Limits of Transfer Learning
+with a Unified Text-to-Text Transformer", arXiv:1910.10683, section 2.1).
+
+Each head learns one scalar per *bucket* of relative distance and adds it to
+the attention logits:
+
+    score_ij = q_i . k_j / sqrt(d) + b_h[bucket(j - i)]
+
+Buckets (``num_buckets = 32``, ``max_distance = 128`` by default): in the
+bidirectional encoder half of the buckets code the sign; of the rest, the first
+half are exact distances 0, 1, 2, ... and the second half grow logarithmically
+up to ``max_distance``; every distance beyond shares the last bucket.  The
+causal decoder uses all buckets for non-positive ``j - i``.
+
+As in T5 the bias is computed once per stack and shared by all its layers; it
+enters ``scaled_dot_product_attention`` as a float ``attn_mask``.  (T5 itself
+also drops the 1/sqrt(d) scale and folds it into the initialisation; this
+library keeps the scale so that every scheme shares one attention.)
+
+Taught in notebooks/07_t5_bias.ipynb.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import PositionScheme
+from .utils import check_positive_int, relative_positions
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """Bucket index in ``[0, num_buckets)`` for ``relative_position = key_pos - query_pos``."""
+    num_buckets = check_positive_int("num_buckets", num_buckets)
+    max_distance = check_positive_int("max_distance", max_distance)
+    if bidirectional and num_buckets % 2:
+        raise ValueError(f"num_buckets must be even for bidirectional buckets, got {num_buckets}")
+    rel = relative_position.long()
+    bucket = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (rel > 0).long() * num_buckets
+        n = rel.abs()
+    else:
+        n = (-rel).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    # log-spaced buckets for max_exact <= n < max_distance (float32, as in T5)
+    log_ratio = torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return bucket + torch.where(is_small, n, large)
+
+
+class T5Bias(PositionScheme):
+    """One learned scalar per (bucket, head), shared by the layers of a stack."""
+
+    name = "t5"
+    where = "scores (bias)"
+
+    def __init__(self, d_model, n_heads, num_layers, causal=False, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__(d_model, n_heads, num_layers, causal)
+        self.num_buckets = check_positive_int("num_buckets", num_buckets)
+        self.max_distance = check_positive_int("max_distance", max_distance)
+        self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
+        nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
+
+    def buckets(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return t5_relative_bucket(
+            relative_positions(q_pos, k_pos), not self.causal, self.num_buckets, self.max_distance
+        )
+
+    def compute_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """``(1, heads, q_len, k_len)`` bias."""
+        return self.relative_attention_bias(self.buckets(q_pos, k_pos)).permute(2, 0, 1)[None]
+
+    def prepare(self, q_pos, k_pos):
+        return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}
+
+    def bias(self, ctx, layer):
+        return ctx["bias"]
+
+    def extra_repr(self):
+        return f"causal={self.causal}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"

@@ -1,0 +1,88 @@
+"""Transformer-XL / XLNet relative attention (Dai et al. 2019, "Transformer-XL: Attentive
+Language Models Beyond a Fixed-Length Context", arXiv:1901.02860, section 3.3; Yang et al.
+2019, "XLNet", arXiv:1906.08237).
+
+Expanding ``(x_i + p_i) W_q . (x_j + p_j) W_k`` gives four terms; Transformer-XL
+replaces every absolute ``p_j`` by a sinusoid of the distance ``R_{i-j}`` and
+the query's position by two learned global vectors ``u`` and ``v``:
+
+    A_ij = q_i . k_j          (a) content-content
+         + q_i . W_R R_{i-j}  (b) content-position
+         + u   . k_j          (c) global content bias
+         + v   . W_R R_{i-j}  (d) global position bias
+         = (q_i + u) . k_j + (q_i + v) . W_R R_{i-j}
+
+Values carry no position.  ``R`` uses the XLNet layout ``[sin(d w), cos(d w)]``
+(sines in the first half).  Term (b)+(d) is first computed against every
+distance the block needs, an ``(L_q, L_q + L_k - 1)`` matrix, and the
+*relative shift* (:func:`rel_shift`) slides row ``i`` left by ``L_q - 1 - i``
+so that column ``j`` holds distance ``i - j``, with reshapes only (no gather).
+
+Taught in notebooks/08_transformer_xl_xlnet.ipynb.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import PositionScheme
+
+
+def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """``(n, d_model)``: ``[sin(d * w), cos(d * w)]`` with ``w_k = base^(-2k/d_model)`` (XLNet layout)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, d_model, 2, dtype=torch.float32, device=distances.device) / d_model))
+    ang = distances.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cat((ang.sin(), ang.cos()), dim=-1)
+
+
+def rel_shift(x: torch.Tensor, k_len: int) -> torch.Tensor:
+    """Relative shift: ``x (..., Lq, P)`` with column ``p`` = distance ``dmax - p`` -> ``(..., Lq, k_len)``.
+
+    Requires ``P = Lq + k_len - 1`` distances in descending order, ``dmax`` being
+    the distance of the last query to the first key.  Output ``[i, j] = x[i, j + Lq - 1 - i]``:
+    pad a zero column on the left, view as ``(P + 1, Lq)``, drop the first row,
+    view back as ``(Lq, P)``.
+    """
+    *lead, lq, p = x.shape
+    if p != lq + k_len - 1:
+        raise ValueError(f"rel_shift needs Lq + k_len - 1 = {lq + k_len - 1} distance columns, got {p}")
+    x = F.pad(x, (1, 0))  # (..., Lq, P + 1)
+    x = x.reshape(*lead, p + 1, lq)[..., 1:, :]
+    return x.reshape(*lead, lq, p)[..., :k_len]
+
+
+def _is_arange(pos: torch.Tensor) -> bool:
+    return pos.numel() == 0 or bool(torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + pos.numel(), device=pos.device)))
+
+
+class XLNetRelative(PositionScheme):
+    """Per-layer ``W_R`` (d_model -> heads*head_dim) and global biases ``u``, ``v`` (heads, head_dim)."""
+
+    name = "xlnet"
+    where = "scores"
+
+    def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0):
+        super().__init__(d_model, n_heads, num_layers, causal)
+        self.base = base
+        self.r_proj = nn.Parameter(torch.randn(num_layers, d_model, d_model) * d_model**-0.5)
+        self.u = nn.Parameter(torch.randn(num_layers, n_heads, self.head_dim) * 0.02)  # r_w_bias
+        self.v = nn.Parameter(torch.randn(num_layers, n_heads, self.head_dim) * 0.02)  # r_r_bias
+
+    def prepare(self, q_pos, k_pos):
+        if not (_is_arange(q_pos) and _is_arange(k_pos)):
+            raise ValueError("xlnet relative attention expects contiguous positions (aranges) for the relative shift")
+        dmax = int(q_pos[-1]) - int(k_pos[0])
+        n = q_pos.numel() + k_pos.numel() - 1
+        distances = torch.arange(dmax, dmax - n, -1, device=q_pos.device)
+        return {"q_pos": q_pos, "k_pos": k_pos, "R": xlnet_sinusoid(distances, self.d_model, self.base)}
+
+    def scores(self, q, k, ctx, layer, attn):
+        b, h, lq, dh = q.shape
+        r = (ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)).view(-1, h, dh).transpose(0, 1)  # (H, P, dh)
+        content_bias = torch.einsum("hd,bhjd->bhj", self.u[layer].to(q.dtype), k)[:, :, None, :]
+        bd = (q + self.v[layer].to(q.dtype)[None, :, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, P)
+        return content_bias + rel_shift(bd, k.shape[2])
+
+    def extra_repr(self):
+        return f"causal={self.causal}, base={self.base}"
