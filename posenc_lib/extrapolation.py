@@ -1,0 +1,420 @@
+"""Length extrapolation: train on short sequences, test on long ones, for every scheme.
+
+The experiment behind notebooks/11_length_extrapolation.ipynb.  The question
+comes from Press, Smith & Lewis 2022, "Train Short, Test Long: Attention with
+Linear Biases Enables Input Length Extrapolation" (ALiBi, arXiv:2108.12409)
+and Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length
+Generalization in Transformers" (arXiv:2305.19466): does a model trained on
+sequences of at most ``L`` tokens still work at ``2L``, ``4L``?
+
+The task (``reverse``, default; ``copy`` is the easier variant)::
+
+    source  a7 a2 a2 a9 a0            (n random symbols, n in [train_min_len, train_max_len])
+    target  a0 a9 a2 a2 a7 <eos>      (the same symbols, reversed, then end-of-sequence)
+
+Why it isolates position: the output is a permutation of the input, and the
+permutation depends on nothing but positions (target token ``t`` is source
+token ``n - 1 - t``).  Symbols are uniform and independent, so there is no
+language prior to lean on; the vocabulary and the mapping are trivial.  What
+has to generalise to unseen lengths is exactly the model's sense of "where":
+which source position to read at output step ``t``, and when to stop.
+
+Metrics per test length: *exact match* (the whole output, end token included,
+is right) and *per-token accuracy* (fraction of the ``n`` target positions
+predicted right; a short output counts its missing tokens as wrong).  A learned
+absolute table sized to the training length has no row for later positions:
+the model raises ``ValueError`` there, which is recorded as accuracy 0 with
+``representable: false`` -- a failure shown, not hidden.
+
+Results: one JSON file per (scheme, seed), written atomically as soon as that
+model finishes; a rerun skips finished files, so a long run can resume.
+
+Command line::
+
+    python -m posenc_lib.extrapolation --profile smoke
+    python -m posenc_lib.extrapolation --profile course --pe all --seeds 0,1,2 --out results/extrapolation
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from .decoding import greedy_decode
+from .model import Seq2SeqTransformer, build_model
+from .schemes import PE_TYPES, canonical_pe
+from .utils import atomic_write_json, check_choice, check_positive_int, set_seed
+
+PAD, BOS, EOS = 0, 1, 2
+#: id of the first symbol; symbols are ``FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1``
+FIRST_SYMBOL = 3
+TASKS = ("reverse", "copy")
+SCHEMA = "posenc.extrapolation/1"
+
+
+@dataclass(frozen=True)
+class ExtrapolationConfig:
+    """Everything that defines one run; the same for every scheme and seed."""
+
+    name: str = "course"
+    # -- the task -----------------------------------------------------------------------------
+    task: str = "reverse"  # "reverse" or "copy"
+    n_symbols: int = 16  # alphabet size (plus PAD, BOS, EOS)
+    train_min_len: int = 2  # training lengths are drawn uniformly from [train_min_len, train_max_len]
+    train_max_len: int = 32
+    test_lengths: tuple[int, ...] = (8, 16, 24, 32, 40, 48, 64, 96, 128)  # up to 4x train_max_len
+    # -- the model (small: every scheme x seed must fit a CPU budget) -------------------------
+    d_model: int = 64
+    n_heads: int = 4
+    num_layers: int = 2  # encoder layers; the decoder has as many
+    dim_feedforward: int = 256
+    dropout: float = 0.0  # fresh data every step: nothing to regularise against
+    # -- training: the same budget (updates x batch) for every scheme -------------------------
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 1e-3  # Adam peak learning rate; linear warm-up, then cosine decay to 10%
+    warmup: int = 100
+    grad_clip: float = 1.0
+    # -- evaluation ---------------------------------------------------------------------------
+    eval_examples: int = 100  # test sequences per length (fixed, the same for every model)
+    eval_batch_size: int = 100
+    eval_seed: int = 12345  # the test sets depend on this only, never on the training seed
+    threads: int = 2  # torch.set_num_threads for the command line run
+
+    def __post_init__(self):
+        check_choice("task", self.task, TASKS)
+        for f in ("n_symbols", "train_min_len", "train_max_len", "d_model", "n_heads", "num_layers",
+                  "dim_feedforward", "steps", "batch_size", "eval_examples", "eval_batch_size", "threads"):
+            check_positive_int(f, getattr(self, f))
+        if self.train_min_len > self.train_max_len:
+            raise ValueError(f"train_min_len={self.train_min_len} > train_max_len={self.train_max_len}")
+        if not self.test_lengths:
+            raise ValueError("test_lengths must name at least one length")
+        for n in self.test_lengths:
+            check_positive_int("test length", n)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_SYMBOL + self.n_symbols
+
+    @property
+    def learned_max_len(self) -> int:
+        """Rows of the learned table: the decoder sees BOS + ``train_max_len`` tokens."""
+        return self.train_max_len + 1
+
+
+#: ``smoke``: seconds per model, for CI and for a notebook run without committed results.
+SMOKE = ExtrapolationConfig(
+    name="smoke", train_max_len=8, test_lengths=(4, 8, 12, 16, 24, 32), d_model=32, n_heads=4, num_layers=1,
+    dim_feedforward=64, steps=60, batch_size=32, lr=3e-3, warmup=10, eval_examples=20, eval_batch_size=20,
+)  # fmt: skip
+#: ``course``: all 9 schemes x 3 seeds on 2 CPU cores; the numbers in the lesson come from it.
+COURSE = ExtrapolationConfig(name="course")
+PROFILES: dict[str, ExtrapolationConfig] = {"smoke": SMOKE, "course": COURSE}
+
+
+# -- the task -------------------------------------------------------------------------------------
+def target_of(task: str, symbols: torch.Tensor) -> torch.Tensor:
+    """The target symbols for one source ``symbols (n,)``: reversed or copied."""
+    check_choice("task", task, TASKS)
+    return symbols.flip(0) if task == "reverse" else symbols.clone()
+
+
+def make_batch(cfg: ExtrapolationConfig, lengths: Sequence[int], generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A padded batch with one example per entry of ``lengths``.
+
+    Returns ``src (B, S)``, ``tgt_in (B, T)`` = BOS + target, ``tgt_out (B, T)`` =
+    target + EOS, the padding masks ``src_pad (B, S)``, ``tgt_pad (B, T)`` (True at PAD)
+    and ``lengths (B,)``; ``S = max(lengths)``, ``T = S + 1``.
+    """
+    lengths = [check_positive_int("length", n) for n in lengths]
+    if not lengths:
+        raise ValueError("lengths must not be empty")
+    b, s = len(lengths), max(lengths)
+    src = torch.full((b, s), PAD, dtype=torch.long)
+    tgt_in = torch.full((b, s + 1), PAD, dtype=torch.long)
+    tgt_out = torch.full((b, s + 1), PAD, dtype=torch.long)
+    sym = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + cfg.n_symbols, (b, s), generator=generator)
+    for i, n in enumerate(lengths):
+        x = sym[i, :n]
+        y = target_of(cfg.task, x)
+        src[i, :n] = x
+        tgt_in[i, 0] = BOS
+        tgt_in[i, 1 : n + 1] = y
+        tgt_out[i, :n] = y
+        tgt_out[i, n] = EOS
+    return {
+        "src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "src_pad": src == PAD,
+        "tgt_pad": tgt_in == PAD, "lengths": torch.tensor(lengths),
+    }  # fmt: skip
+
+
+def train_lengths(cfg: ExtrapolationConfig, batch_size: int, generator: torch.Generator) -> list[int]:
+    return torch.randint(cfg.train_min_len, cfg.train_max_len + 1, (batch_size,), generator=generator).tolist()
+
+
+def test_batch(cfg: ExtrapolationConfig, length: int) -> dict[str, torch.Tensor]:
+    """The fixed test set for one length (depends on ``cfg.eval_seed`` and ``length`` only)."""
+    g = torch.Generator().manual_seed(cfg.eval_seed * 1000 + length)
+    return make_batch(cfg, [length] * cfg.eval_examples, g)
+
+
+# -- model, training, evaluation ------------------------------------------------------------------
+def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer:
+    """The model for scheme ``pe``; a learned table gets exactly ``cfg.learned_max_len`` rows."""
+    pe = canonical_pe(pe)
+    extra = {"max_len": cfg.learned_max_len} if pe == "learned" else {}
+    return build_model(
+        pe, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
+        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, pad_id=PAD, **extra,
+    )  # fmt: skip
+
+
+def lr_at(step: int, cfg: ExtrapolationConfig) -> float:
+    """Linear warm-up to ``cfg.lr``, then cosine decay to ``0.1 * cfg.lr`` at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True, log_every: int = 50):
+    """Train one model; returns ``(model, losses)`` with the mean loss of every ``log_every`` steps."""
+    from tqdm.auto import tqdm
+
+    set_seed(seed)
+    model = make_model(pe, cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    losses, window = [], []
+    bar = tqdm(range(cfg.steps), desc=f"{canonical_pe(pe)} seed {seed}", disable=not progress, leave=False)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        b = make_batch(cfg, train_lengths(cfg, cfg.batch_size, g), g)
+        loss = model.loss(b["src"], b["tgt_in"], b["tgt_out"], src_key_padding_mask=b["src_pad"],
+                          tgt_key_padding_mask=b["tgt_pad"])  # fmt: skip
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        window.append(loss.item())
+        if len(window) == log_every or step == cfg.steps - 1:
+            losses.append(sum(window) / len(window))
+            window = []
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return model, losses
+
+
+def score(pred: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """Exact match and per-token accuracy of greedy outputs ``pred (B, <= T+1)`` (BOS first)."""
+    out = pred[:, 1:]
+    want = batch["tgt_out"]
+    t = want.shape[1]
+    if out.shape[1] < t:  # decoding stopped early: pad so missing tokens count as wrong
+        out = torch.cat((out, torch.full((out.shape[0], t - out.shape[1]), PAD, dtype=out.dtype)), dim=1)
+    out = out[:, :t]
+    real = want != PAD  # the n symbols and the EOS
+    symbols = real & (want != EOS)
+    correct = out == want
+    exact = (correct | ~real).all(dim=1).float().mean().item()
+    token = ((correct & symbols).sum(1).float() / symbols.sum(1).clamp(min=1)).mean().item()
+    return exact, token
+
+
+@torch.no_grad()
+def evaluate(model: Seq2SeqTransformer, cfg: ExtrapolationConfig, lengths: Iterable[int] | None = None) -> list[dict]:
+    """Greedy-decode the fixed test set of every length; one row per length.
+
+    A ``ValueError`` from a learned table (a position beyond its rows) is
+    recorded as ``representable: False`` with both accuracies 0.
+    """
+    rows = []
+    for n in lengths if lengths is not None else cfg.test_lengths:
+        batch = test_batch(cfg, n)
+        exact = token = 0.0
+        representable = True
+        try:
+            for i in range(0, cfg.eval_examples, cfg.eval_batch_size):
+                part = {k: v[i : i + cfg.eval_batch_size] for k, v in batch.items()}
+                pred = greedy_decode(model, part["src"], max_new_tokens=n + 1, bos_id=BOS, eos_id=EOS, use_cache=True)
+                e, t = score(pred, part)
+                k = part["src"].shape[0]
+                exact += e * k
+                token += t * k
+            exact, token = exact / cfg.eval_examples, token / cfg.eval_examples
+        except ValueError as err:
+            if "beyond the learned table" not in str(err):
+                raise
+            exact = token = 0.0
+            representable = False
+        rows.append({"length": n, "exact_match": round(exact, 6), "token_accuracy": round(token, 6),
+                     "representable": representable, "in_training_range": n <= cfg.train_max_len})  # fmt: skip
+    return rows
+
+
+# -- results on disk ------------------------------------------------------------------------------
+def result_path(out: str | Path, pe: str, seed: int) -> Path:
+    return Path(out) / f"{canonical_pe(pe)}_seed{seed}.json"
+
+
+def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True) -> dict[str, Any]:
+    """Train and evaluate one (scheme, seed); returns the result record (see :data:`SCHEMA`)."""
+    t0 = time.perf_counter()
+    model, losses = train(pe, cfg, seed, progress=progress)
+    t1 = time.perf_counter()
+    rows = evaluate(model, cfg)
+    t2 = time.perf_counter()
+    return {
+        "schema": SCHEMA,
+        "pe": canonical_pe(pe),
+        "seed": seed,
+        "profile": cfg.name,
+        "config": asdict(cfg),
+        "num_parameters": model.num_parameters(),
+        "train": {"steps": cfg.steps, "loss_every_50_steps": [round(x, 5) for x in losses],
+                  "final_loss": round(losses[-1], 5), "seconds": round(t1 - t0, 1)},  # fmt: skip
+        "eval": rows,
+        "eval_seconds": round(t2 - t1, 1),
+        "torch": torch.__version__,
+    }
+
+
+def check_record(rec: dict[str, Any]) -> None:
+    """Raise ``ValueError`` unless ``rec`` is a complete result record."""
+    keys = {"schema", "pe", "seed", "profile", "config", "num_parameters", "train", "eval"}
+    missing = sorted(keys - set(rec))
+    if missing:
+        raise ValueError(f"result record is missing keys {missing}")
+    if rec["schema"] != SCHEMA:
+        raise ValueError(f"unknown result schema {rec['schema']!r}; expected {SCHEMA!r}")
+    for row in rec["eval"]:
+        for k in ("length", "exact_match", "token_accuracy", "representable"):
+            if k not in row:
+                raise ValueError(f"eval row {row} is missing {k!r}")
+        if not (0.0 <= row["exact_match"] <= 1.0 and 0.0 <= row["token_accuracy"] <= 1.0):
+            raise ValueError(f"accuracies must lie in [0, 1], got {row}")
+
+
+def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], out: str | Path, *,
+            progress: bool = True, log=print) -> list[Path]:  # fmt: skip
+    """Run every (scheme, seed) not already in ``out``; returns the paths of all results.
+
+    A finished file is skipped only if it was made with the same configuration;
+    a file from another configuration raises ``ValueError`` (use another ``out``).
+    """
+    pes = [canonical_pe(p) for p in pes]
+    paths = []
+    for pe in pes:
+        for seed in seeds:
+            path = result_path(out, pe, seed)
+            if path.exists():
+                rec = json.loads(path.read_text())
+                if rec.get("config") != json.loads(json.dumps(asdict(cfg))):
+                    raise ValueError(
+                        f"{path} was made with a different configuration (profile {rec.get('profile')!r}); "
+                        f"delete it or pass another --out"
+                    )
+                log(f"skip {pe} seed {seed}: {path} exists")
+                paths.append(path)
+                continue
+            rec = run_one(pe, cfg, seed, progress=progress)
+            check_record(rec)
+            atomic_write_json(path, rec)
+            acc = {r["length"]: r["exact_match"] for r in rec["eval"]}
+            log(f"done {pe} seed {seed}: train {rec['train']['seconds']} s, eval {rec['eval_seconds']} s, "
+                f"final loss {rec['train']['final_loss']:.3f}, exact match by length {acc}")  # fmt: skip
+            paths.append(path)
+    return paths
+
+
+def load_results(out: str | Path) -> list[dict[str, Any]]:
+    """Every result record in ``out`` (checked), sorted by the course's scheme order, then seed."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no results folder {out}")
+    recs = [json.loads(p.read_text()) for p in sorted(out.glob("*_seed*.json"))]
+    for r in recs:
+        check_record(r)
+    return sorted(recs, key=lambda r: (PE_TYPES.index(r["pe"]), r["seed"]))
+
+
+def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") -> dict[str, dict[str, list]]:
+    """Per scheme: ``lengths``, ``mean``, ``min``, ``max`` over seeds, ``seeds`` and ``representable``."""
+    check_choice("metric", metric, ("exact_match", "token_accuracy"))
+    by_pe: dict[str, list] = {}
+    for r in records:
+        by_pe.setdefault(r["pe"], []).append(r)
+    summary = {}
+    for pe, recs in by_pe.items():
+        lengths = [row["length"] for row in recs[0]["eval"]]
+        vals = torch.tensor([[row[metric] for row in r["eval"]] for r in recs], dtype=torch.float64)
+        summary[pe] = {
+            "lengths": lengths, "mean": vals.mean(0).tolist(), "min": vals.min(0).values.tolist(),
+            "max": vals.max(0).values.tolist(), "seeds": sorted(r["seed"] for r in recs),
+            "representable": [all(r["eval"][i]["representable"] for r in recs) for i in range(len(lengths))],
+        }  # fmt: skip
+    return summary
+
+
+def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, metric: str) -> None:
+    """Mean over seeds (line) and min-max over seeds (band) for every scheme; the training range shaded."""
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("viridis")(torch.linspace(0, 0.95, len(summary)).numpy())
+    for (pe, s), c in zip(summary.items(), colors):
+        ax.plot(s["lengths"], s["mean"], marker="o", ms=3, color=c, label=pe)
+        ax.fill_between(s["lengths"], s["min"], s["max"], color=c, alpha=0.15, lw=0)
+    ax.axvspan(0, train_max_len, color="0.85", zorder=0, label="training lengths")
+    ax.set_xlabel("test sequence length (symbols)")
+    ax.set_ylabel(metric.replace("_", " ") + " (fraction)")
+    ax.set_ylim(-0.03, 1.03)
+
+
+# -- command line ---------------------------------------------------------------------------------
+def parse_list(text: str, what: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"empty {what} list {text!r}")
+    return items
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m posenc_lib.extrapolation", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    p.add_argument("--pe", default="all", help="'all' or comma-separated schemes from " + ", ".join(PE_TYPES))
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
+    p.add_argument("--out", default="results/extrapolation")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    a = p.parse_args(argv)
+    cfg = PROFILES[a.profile]
+    try:
+        pes = list(PE_TYPES) if a.pe.strip().lower() == "all" else [canonical_pe(x) for x in parse_list(a.pe, "--pe")]
+        seeds = []
+        for s in parse_list(a.seeds, "--seeds"):
+            try:
+                seeds.append(int(s))
+            except ValueError:
+                raise ValueError(f"--seeds must be comma-separated integers, got {s!r}") from None
+    except ValueError as err:
+        p.error(str(err))
+    torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    run_all(cfg, pes, seeds, a.out, progress=not a.no_progress)
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
