@@ -1,0 +1,185 @@
+"""Shared pieces of the benchmark suite: configuration, machine facts, models, timing.
+
+Every figure is the median of several timed repeats after untimed warm-up runs;
+the schemes are visited round-robin (a rotated order on every repeat) so that
+background load on a shared machine falls on all schemes alike.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from posenc_lib import PE_TYPES, build_model, set_seed
+from posenc_lib.shaw import ShawRelative
+
+#: contrast scheme: Shaw et al. with the (L, L, d) tables materialised (not in PE_TYPES)
+NAIVE_SHAW = "shaw_naive"
+ALL_SCHEMES: tuple[str, ...] = PE_TYPES + (NAIVE_SHAW,)
+
+
+@dataclass
+class BenchConfig:
+    """Sizes of the suite; the defaults are the published configuration."""
+
+    d_model: int = 256
+    n_heads: int = 8
+    num_layers: int = 2  # encoder layers = decoder layers
+    dim_feedforward: int = 1024
+    vocab_size: int = 8000
+    dropout: float = 0.1  # as the course trains; with dropout > 0 PyTorch's CPU SDPA uses its math path
+    batch: int = 16
+    lengths: tuple[int, ...] = (64, 256, 1024)  # source length = target length
+    memory_length: int = 1024
+    decode_batch: int = 32
+    decode_src_len: int = 64
+    decode_new_tokens: int = 64
+    warmup: int = 1
+    repeats: int = 5
+    decode_repeats: int = 3
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @classmethod
+    def quick(cls) -> "BenchConfig":
+        """A tiny configuration that runs in seconds (for tests and for trying the suite)."""
+        return cls(
+            d_model=32, n_heads=4, num_layers=1, dim_feedforward=64, vocab_size=200, batch=2, lengths=(16, 32),
+            memory_length=32, decode_batch=2, decode_src_len=8, decode_new_tokens=6, warmup=1, repeats=2,
+            decode_repeats=1,
+        )
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["lengths"] = list(self.lengths)
+        return d
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_schemes(names) -> tuple[str, ...]:
+    """Validate scheme names against :data:`ALL_SCHEMES`; ``none`` is always measured (the reference)."""
+    names = tuple(n.strip() for n in names if n.strip())
+    bad = [n for n in names if n not in ALL_SCHEMES]
+    if bad:
+        raise ValueError(f"unknown scheme(s) {bad}; valid choices: {', '.join(ALL_SCHEMES)}")
+    if "none" not in names:
+        names = ("none",) + names
+    return names
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def machine_info(device: str = "cpu") -> dict:
+    info = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cores_available": available_cores(),
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "allocator_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+class ShawNaive(ShawRelative):
+    """Shaw et al. computed the textbook way: gather the tables into ``(L_q, L_k, d)``, then contract.
+
+    Numerically the same scheme as :class:`~posenc_lib.shaw.ShawRelative`; it exists
+    here only to show what the (2k+1)-table formulation saves.
+    """
+
+    name = NAIVE_SHAW
+
+    def scores(self, q, k, ctx, layer, attn):
+        a_k = self.table_k[layer].to(q.dtype)[ctx["index"]]  # (Lq, Lk, d)
+        return torch.einsum("bhid,ijd->bhij", q, a_k)
+
+    def values(self, probs, ctx, layer):
+        a_v = self.table_v[layer].to(probs.dtype)[ctx["index"]]
+        return torch.einsum("bhij,ijd->bhid", probs, a_v)
+
+
+def make_model(pe: str, cfg: BenchConfig, seed: int = 0) -> torch.nn.Module:
+    """The benchmark model for scheme ``pe`` (``shaw_naive`` swaps in :class:`ShawNaive`)."""
+    set_seed(seed)
+    base = "shaw" if pe == NAIVE_SHAW else pe
+    model = build_model(
+        base, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
+        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout,
+    )  # fmt: skip
+    if pe == NAIVE_SHAW:
+        for stack in ("enc_pos", "dec_pos"):
+            old = getattr(model, stack)
+            new = ShawNaive(old.d_model, old.n_heads, old.num_layers, old.causal, old.max_relative_position)
+            new.load_state_dict(old.state_dict())
+            setattr(model, stack, new)
+    return model.to(device=cfg.device, dtype=DTYPES[cfg.dtype])
+
+
+def random_tokens(cfg: BenchConfig, batch: int, length: int, seed: int) -> torch.Tensor:
+    """``(batch, length)`` int64 ids in ``[4, vocab)`` (ids 0-3 are left for pad/bos/eos/unk)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, cfg.vocab_size, (batch, length), generator=g).to(cfg.device)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], device: str) -> float:
+    """Seconds one call of ``fn`` takes (device-synchronised)."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def rotated(names: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """Round-robin order for repeat ``r``: every scheme takes every slot equally often."""
+    s = r % len(names)
+    return names[s:] + names[:s]
+
+
+def summarise(times: list[float]) -> dict:
+    return {
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+        "max_s": max(times),
+        "times_s": [round(t, 6) for t in times],
+    }
+
+
+def log(msg: str, quiet: bool = False) -> None:
+    if not quiet:
+        print(msg, flush=True)

@@ -1,0 +1,112 @@
+"""Benchmark 2: peak memory of one training step per scheme, each in its own process.
+
+A fresh Python process per scheme (``python -m benchmarks.memory --worker``)
+builds the model, makes the batch at length ``cfg.memory_length``, records its
+resident memory, runs two training steps (forward + backward) and reports the
+peak resident set size (``ru_maxrss``; on CUDA, ``torch.cuda.max_memory_allocated``).
+
+Two figures per scheme:
+
+* ``peak_mb`` -- the process's peak, including Python, torch and the weights;
+* ``step_mb`` -- peak minus the memory held just before the first step: what
+  the step itself needs (activations kept for backward, gradients, temporaries).
+
+``shaw_naive`` (the (L, L, d) tables materialised) is measured for contrast.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+from .common import BenchConfig, log
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm", encoding="utf-8") as f:
+        resident_pages = int(f.read().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def worker(pe: str, cfg: BenchConfig, threads: int) -> dict:
+    import torch
+
+    from .common import make_model, random_tokens
+    from .train import clear_grads, train_step
+
+    torch.set_num_threads(threads)
+    model = make_model(pe, cfg).train()
+    length = cfg.memory_length
+    src = random_tokens(cfg, cfg.batch, length, seed=1)
+    tgt = random_tokens(cfg, cfg.batch, length + 1, seed=2)
+    cuda = cfg.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**20
+    else:
+        before = _rss_mb()
+    for _ in range(2):
+        train_step(model, src, tgt)
+        clear_grads(model)
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = _peak_rss_mb()
+    return {"peak_mb": peak, "before_step_mb": before, "step_mb": max(peak - before, 0.0)}
+
+
+def bench_memory(schemes: tuple[str, ...], cfg: BenchConfig, threads: int, quiet: bool = False) -> dict:
+    """Run :func:`worker` for every scheme in a subprocess; ratios to ``none``."""
+    out: dict = {
+        "what": "peak memory of two training steps (MiB), one process per scheme",
+        "length": cfg.memory_length,
+        "measure": "torch.cuda.max_memory_allocated" if cfg.device.startswith("cuda") else "ru_maxrss",
+        "schemes": {},
+    }
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    for pe in schemes:
+        cmd = [sys.executable, "-m", "benchmarks.memory", "--worker", pe, "--threads", str(threads),
+               "--config", json.dumps(cfg.as_dict())]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, env=env)
+        if proc.returncode != 0:
+            out["schemes"][pe] = {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+            log(f"memory {pe}: FAILED ({out['schemes'][pe]['error']})", quiet)
+            continue
+        out["schemes"][pe] = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref = out["schemes"].get("none", {})
+    for pe, res in out["schemes"].items():
+        if "error" not in res and "error" not in ref:
+            res["ratio_peak"] = res["peak_mb"] / ref["peak_mb"]
+            res["ratio_step"] = res["step_mb"] / ref["step_mb"] if ref["step_mb"] > 0 else None
+    log(
+        f"memory L={cfg.memory_length} (peak ratio): "
+        + ", ".join(f"{pe} {r.get('ratio_peak', float('nan')):.2f}" for pe, r in out["schemes"].items()),
+        quiet,
+    )
+    return out
+
+
+def _main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="one memory measurement (used by benchmarks.run)")
+    p.add_argument("--worker", required=True, help="scheme name")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--config", required=True, help="BenchConfig as JSON")
+    a = p.parse_args(argv)
+    d = json.loads(a.config)
+    d["lengths"] = tuple(d["lengths"])
+    print(json.dumps(worker(a.worker, BenchConfig(**d), a.threads)))
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,155 @@
+"""Render the benchmark JSON as a markdown table (``table.md``) and a figure (``cost.png``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posenc_lib.utils import atomic_write_text
+
+#: targets (CPU, training-step ratio to ``none`` at length 256) the implementations aim for
+TARGETS_256 = {"sinusoidal": 1.02, "rope": 1.10, "alibi": 1.15, "t5": 1.25, "shaw": 1.5, "xlnet": 1.7, "deberta": 1.9}
+TARGET_SHAW_MEMORY = 1.3  # peak memory at the memory length, ratio to none
+TARGET_CACHE_SPEEDUP = 5.0
+
+
+def load_results(out_dir: Path) -> dict:
+    res = {}
+    for part in ("train", "memory", "decode"):
+        f = Path(out_dir) / f"{part}.json"
+        if f.exists():
+            res[part] = json.loads(f.read_text(encoding="utf-8"))
+    return res
+
+
+def _schemes(res: dict) -> list[str]:
+    for part, key in (("train", None), ("memory", "schemes"), ("decode", "schemes")):
+        if part in res:
+            r = res[part]["results"]
+            if part == "train":
+                first = next(iter(r["lengths"].values()))
+                return list(first)
+            return list(r[key])
+    return []
+
+
+def _f(x, nd=2) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def render_table(res: dict) -> str:
+    lines = ["# Cost of each positional encoding", ""]
+    any_part = next(iter(res.values()), None)
+    if any_part is None:
+        return "# Cost of each positional encoding\n\nNo results yet: run `python -m benchmarks.run`.\n"
+    m, c = any_part["machine"], any_part["config"]
+    lines += [
+        f"Machine: {m['cpu_model']}, {m['torch_threads']} torch threads, torch {m['torch']}, device {m['device']}"
+        + (f" ({m['gpu']})" if m.get("gpu") else "") + f", dtype {c['dtype']}.",
+        f"Model: d_model {c['d_model']}, {c['n_heads']} heads, {c['num_layers']}+{c['num_layers']} layers, "
+        f"ff {c['dim_feedforward']}, vocab {c['vocab_size']}, dropout {c['dropout']}. "
+        "Every figure: median of the timed repeats after warm-up, schemes interleaved round-robin; "
+        "ratios are to `none` measured in the same run.",
+        "",
+    ]
+    schemes = _schemes(res)
+    if "train" in res:
+        tr = res["train"]["results"]["lengths"]
+        lengths = list(tr)
+        head = "| scheme | " + " | ".join(f"L={L}" for L in lengths) + " | target at L=256 |"
+        lines += ["## Training step (forward + backward), ratio to `none`", "", head,
+                  "|---|" + "---|" * len(lengths) + "---|"]  # fmt: skip
+        for pe in schemes:
+            cells = [_f(tr[L][pe]["ratio"]) for L in lengths]
+            t = TARGETS_256.get(pe)
+            mark = ""
+            if t is not None and "256" in tr:
+                mark = f"<= {t} ({'met' if tr['256'][pe]['ratio'] <= t else 'missed'})"
+            lines.append(f"| {pe} | " + " | ".join(cells) + f" | {mark} |")
+        lines.append(
+            "| *`none`, seconds per step* | " + " | ".join(_f(tr[L]["none"]["median_s"], 3) for L in lengths) + " | |"
+        )
+        lines.append("")
+    if "memory" in res:
+        mr = res["memory"]["results"]
+        lines += [f"## Peak memory of a training step at L={mr['length']} ({mr['measure']}), one process per scheme",
+                  "", "| scheme | peak MiB | ratio | step MiB | step ratio |", "|---|---|---|---|---|"]  # fmt: skip
+        for pe, r in mr["schemes"].items():
+            if "error" in r:
+                lines.append(f"| {pe} | failed: {r['error']} | | | |")
+                continue
+            lines.append(f"| {pe} | {r['peak_mb']:.0f} | {_f(r.get('ratio_peak'))} | {r['step_mb']:.0f} | {_f(r.get('ratio_step'))} |")
+        lines += ["", f"Target: shaw peak ratio <= {TARGET_SHAW_MEMORY}. `step` = peak minus the memory held before the first step.", ""]
+    if "decode" in res:
+        dr = res["decode"]["results"]["schemes"]
+        c = res["decode"]["config"]
+        lines += [f"## Greedy decoding, {c['decode_new_tokens']} new tokens, batch {c['decode_batch']}", "",
+                  "| scheme | cache speed-up | cached, ratio to `none` | uncached, ratio to `none` | tokens identical |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for pe, r in dr.items():
+            lines.append(f"| {pe} | {r['speedup']:.1f}x | {_f(r['ratio_cached'])} | {_f(r['ratio_uncached'])} | {'yes' if r['identical'] else 'NO'} |")
+        lines += ["", f"Target: cached decoding >= {TARGET_CACHE_SPEEDUP:.0f}x faster than re-running the decoder.", ""]
+    return "\n".join(lines)
+
+
+def render_figure(res: dict, path: Path) -> bool:
+    """Three panels (training ratio per length, memory ratio, cache speed-up); False if nothing to draw."""
+    if not res:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    schemes = _schemes(res)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), constrained_layout=True)
+    x = np.arange(len(schemes))
+    ax = axes[0]
+    if "train" in res:
+        tr = res["train"]["results"]["lengths"]
+        colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, len(tr)))
+        w = 0.8 / len(tr)
+        for i, (L, r) in enumerate(tr.items()):
+            ax.bar(x + (i - (len(tr) - 1) / 2) * w, [r[pe]["ratio"] for pe in schemes], w, color=colors[i], label=f"L={L}")
+        ax.legend(title="src = tgt length")
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    ax.set(title="Training step (fwd + bwd) vs none", ylabel="time ratio to none", xticks=x)
+    ax.set_xticklabels(schemes, rotation=45, ha="right")
+    ax = axes[1]
+    if "memory" in res:
+        mr = res["memory"]["results"]["schemes"]
+        names = [pe for pe in mr if "ratio_peak" in mr[pe]]
+        xm = np.arange(len(names))
+        ax.bar(xm - 0.2, [mr[pe]["ratio_peak"] for pe in names], 0.4, color=plt.get_cmap("viridis")(0.3), label="process peak")
+        ax.bar(xm + 0.2, [mr[pe]["ratio_step"] or 0 for pe in names], 0.4, color=plt.get_cmap("viridis")(0.75), label="step only")
+        ax.set_xticks(xm)
+        ax.set_xticklabels(names, rotation=45, ha="right")
+        ax.legend()
+        ax.set_title(f"Peak memory at L={res['memory']['results']['length']} vs none")
+    ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+    ax.set_ylabel("memory ratio to none")
+    ax = axes[2]
+    if "decode" in res:
+        dr = res["decode"]["results"]["schemes"]
+        names = list(dr)
+        ax.bar(np.arange(len(names)), [dr[pe]["speedup"] for pe in names], color=plt.get_cmap("viridis")(0.55))
+        ax.axhline(TARGET_CACHE_SPEEDUP, color="0.3", lw=0.8, ls="--", label=f"target {TARGET_CACHE_SPEEDUP:.0f}x")
+        ax.set_xticks(np.arange(len(names)))
+        ax.set_xticklabels(names, rotation=45, ha="right")
+        ax.legend()
+        c = res["decode"]["config"]
+        ax.set_title(f"Greedy decoding ({c['decode_new_tokens']} tokens): cache speed-up")
+    ax.set_ylabel("uncached time / cached time")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return True
+
+
+def write_report(out_dir: Path) -> dict:
+    res = load_results(out_dir)
+    atomic_write_text(Path(out_dir) / "table.md", render_table(res))
+    render_figure(res, Path(out_dir) / "cost.png")
+    return res
