@@ -23,8 +23,6 @@ Taught in notebooks/09_deberta.ipynb.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -49,7 +47,11 @@ def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_po
     rel = relative_position.long()
     sign = torch.sign(rel)
     abs_pos = torch.where((rel < mid) & (rel > -mid), torch.full_like(rel, mid - 1), rel.abs()).float()
-    log_pos = torch.ceil(torch.log(abs_pos / mid) / math.log((max_position - 1) / mid) * (mid - 1)) + mid
+    # Both logarithms in float32, as in the official code: at |r| = max_position - 1 the ratio is
+    # exactly 1 only if numerator and denominator are rounded alike (a float64 denominator lets
+    # ceil() jump one bucket too far for some sizes, e.g. bucket_size=44, max_position=128).
+    log_max = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32, device=rel.device))
+    log_pos = torch.ceil(torch.log(abs_pos / mid) / log_max * (mid - 1)) + mid
     return torch.where(abs_pos <= mid, rel.float(), log_pos * sign).long()
 
 

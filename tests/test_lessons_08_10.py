@@ -1,0 +1,97 @@
+"""Properties taught in notebooks 08-10 (Transformer-XL/XLNet, DeBERTa, ALiBi)."""
+import pytest
+import torch
+
+from posenc_lib.alibi import alibi_bias, alibi_slopes
+from posenc_lib.attention import MultiHeadAttention
+from posenc_lib.deberta import deberta_index, deberta_log_bucket, disentangled_scores
+from posenc_lib.schemes import make_scheme
+from posenc_lib.xlnet import rel_shift
+
+
+@pytest.mark.parametrize("bucket_size,max_position", [(44, 128), (70, 128), (76, 256), (84, 512), (4, 8), (174, 512)])
+def test_deberta_log_bucket_edge_matches_transformers(bucket_size, max_position):
+    """At |r| = max_position - 1 the log ratio is exactly 1; float64 rounding once pushed it a bucket too far."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    rel = torch.arange(-2 * max_position - 100, 2 * max_position + 101)
+    ref = make_log_bucket_position(rel, bucket_size, max_position).long()
+    got = deberta_log_bucket(rel, bucket_size, max_position)
+    assert torch.equal(got, ref)
+    assert int(got[rel == max_position - 1]) == bucket_size - 1
+
+
+def test_deberta_log_bucket_is_odd_and_monotone():
+    rel = torch.arange(-300, 301)
+    b = deberta_log_bucket(rel, 16, 64)
+    assert torch.equal(b, -deberta_log_bucket(-rel, 16, 64))
+    assert bool((b[1:] >= b[:-1]).all())
+    assert torch.equal(b[(rel.abs() <= 8)], rel[(rel.abs() <= 8)])
+
+
+def test_disentangled_scores_match_explicit_loops():
+    torch.manual_seed(0)
+    lq, lk, span, d = 5, 5, 3, 4
+    q, k = torch.randn(1, 1, lq, d), torch.randn(1, 1, lk, d)
+    pos_q, pos_k = torch.randn(1, 2 * span, d), torch.randn(1, 2 * span, d)
+    index = deberta_index(torch.arange(lq), torch.arange(lk), span, None, None)
+    got = disentangled_scores(q, k, pos_q, pos_k, index)[0, 0]
+    for i in range(lq):
+        for j in range(lk):
+            delta = min(max(i - j + span, 0), 2 * span - 1)
+            ref = q[0, 0, i] @ pos_k[0, delta] + k[0, 0, j] @ pos_q[0, delta]
+            assert torch.allclose(got[i, j], ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("lq,lk", [(1, 1), (3, 3), (2, 6), (4, 9)])
+def test_rel_shift_puts_distance_i_minus_j_in_column_j(lq, lk):
+    offset = lk - lq  # query i sits at absolute position offset + i
+    dmax = offset + lq - 1
+    dist = torch.arange(dmax, dmax - (lq + lk - 1), -1).float().expand(lq, -1)
+    got = rel_shift(dist, lk)
+    i = torch.arange(lq)[:, None] + offset
+    j = torch.arange(lk)[None, :]
+    assert torch.equal(got, (i - j).float())
+
+
+def test_xlnet_scores_are_translation_invariant():
+    torch.manual_seed(0)
+    scheme = make_scheme("xlnet", 16, 2, 1)
+    attn = MultiHeadAttention(16, 2)
+    x = torch.randn(2, 6, 16)
+    outs = []
+    for start in (0, 37):
+        pos = torch.arange(start, start + 6)
+        outs.append(attn(x, pos=scheme, ctx=scheme.prepare(pos, pos), need_weights=True)[1])
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_alibi_slopes_non_power_of_two_rule():
+    s12 = alibi_slopes(12)
+    ref = [2 ** (-8 * h / 8) for h in range(1, 9)] + [2 ** (-8 * h / 16) for h in range(1, 16, 2)][:4]
+    torch.testing.assert_close(s12, torch.tensor(ref))
+    assert len(set(s12.tolist())) == 12
+
+
+def test_bidirectional_alibi_encoder_cannot_tell_left_from_right():
+    """|i - j| is symmetric: reversing the input reverses the output of an ALiBi-only attention layer."""
+    torch.manual_seed(0)
+    scheme = make_scheme("alibi", 16, 4, 1)
+    attn = MultiHeadAttention(16, 4)
+    x = torch.randn(1, 7, 16)
+    pos = torch.arange(7)
+    ctx = scheme.prepare(pos, pos)
+    out = attn(x, pos=scheme, ctx=ctx)
+    out_rev = attn(x.flip(1), pos=scheme, ctx=ctx)
+    torch.testing.assert_close(out_rev, out.flip(1))
+
+
+def test_causal_alibi_equals_key_only_bias():
+    """Under a causal mask, -m (i - j) and +m j differ by a per-row constant: same softmax."""
+    slopes = alibi_slopes(4)
+    pos = torch.arange(6)
+    mask = pos[None, :] > pos[:, None]
+    s = torch.randn(1, 4, 6, 6)
+    a = torch.softmax((s + alibi_bias(pos, pos, slopes)).masked_fill(mask, float("-inf")), -1)
+    b = torch.softmax((s + slopes[:, None, None] * pos.float()[None, None, :]).masked_fill(mask, float("-inf")), -1)
+    torch.testing.assert_close(a, b)
