@@ -97,6 +97,8 @@ def hierarchical_positions(table: torch.Tensor, alpha: float = 0.4) -> torch.Ten
     ``q_j = p_j`` for ``j < n``: the extended table reproduces the original one.
     Returns ``(n**2, d)``.
     """
+    if table.dim() != 2:
+        raise ValueError(f"table must have shape (n, d), got shape {tuple(table.shape)}")
     if not 0.0 < alpha < 1.0 or alpha == 0.5:
         raise ValueError(f"alpha must be in (0, 1) and not 0.5 (else q_(i,j) = q_(j,i)), got {alpha}")
     n = table.shape[0]
@@ -114,9 +116,11 @@ class LearnedScheme(PositionScheme):
     name = "learned"
     where = "input"
 
-    def __init__(self, d_model, n_heads, num_layers, causal=False, max_len: int = 512):
+    def __init__(self, d_model, n_heads, num_layers, causal=False, max_len: int = 512, init_std: float = 1.0):
         super().__init__(d_model, n_heads, num_layers, causal)
-        self.table = LearnedPositionalEmbedding(max_len, d_model)
+        # std 1 matches the scale of the model's token embeddings (std d^-1/2 times sqrt(d)),
+        # so the code is not drowned at the start of a short training run
+        self.table = LearnedPositionalEmbedding(max_len, d_model, init_std=init_std)
 
     def embed(self, positions):
         return self.table(positions)

@@ -1,0 +1,144 @@
+"""The seq2seq model with every scheme: shapes, symmetry, causality, caching, learning."""
+import pytest
+import torch
+
+import posenc_lib
+from posenc_lib import PE_TYPES, build_model, greedy_decode, set_seed
+
+SMALL = dict(d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0)
+V = 23
+
+
+def small(pe, **kw):
+    set_seed(0)
+    return build_model(pe, V, **{**SMALL, **kw}).eval()
+
+
+def test_public_names():
+    for name in ["PE_TYPES", "build_model", "sinusoidal_table", "apply_rope", "t5_relative_bucket",
+                 "deberta_log_bucket", "alibi_slopes", "set_seed", "greedy_decode"]:
+        assert hasattr(posenc_lib, name), name
+    assert PE_TYPES == ("none", "sinusoidal", "learned", "shaw", "rope", "t5", "xlnet", "deberta", "alibi")
+
+
+@pytest.mark.parametrize("alias,canonical", [("nonepe", "none"), ("sinpe", "sinusoidal"), ("rpe", "shaw"),
+                                             ("rope", "rope")])
+def test_seed_report_aliases(alias, canonical):
+    assert build_model(alias, V, **SMALL).pe == canonical
+
+
+def test_default_sizes_follow_the_seed_report():
+    m = build_model("sinusoidal", 100)
+    assert m.config["d_model"] == 64 and m.config["n_heads"] == 8 and len(m.encoder) == 6 and len(m.decoder) == 6
+    assert m.encoder[0].ff[0].out_features == 2048
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_forward_shape_and_padding(pe):
+    m = small(pe)
+    src, tgt = torch.randint(1, V, (3, 9)), torch.randint(1, V, (3, 6))
+    out = m(src, tgt)
+    assert out.shape == (3, 6, V) and torch.isfinite(out).all()
+    # right padding: appending pad tokens (masked) to the source does not change the output
+    pad = torch.zeros(3, 4, dtype=torch.long)
+    src_p = torch.cat((src, pad), 1)
+    mask = src_p == 0
+    out_p = m(src_p, tgt, src_key_padding_mask=mask)
+    torch.testing.assert_close(out_p, out, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_encoder_permutation_equivariance_only_without_positions(pe):
+    m = small(pe)
+    src = torch.randint(1, V, (2, 10))
+    perm = torch.randperm(10)
+    with torch.no_grad():
+        a = m.encode(src)[:, perm]
+        b = m.encode(src[:, perm])
+    equal = torch.allclose(a, b, atol=1e-5)
+    assert equal == (pe == "none"), f"{pe}: permutation-equivariant={equal}"
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_decoder_is_causal(pe):
+    m = small(pe)
+    src, tgt = torch.randint(1, V, (2, 7)), torch.randint(1, V, (2, 8))
+    tgt2 = tgt.clone()
+    tgt2[:, 5:] = torch.randint(1, V, (2, 3))
+    with torch.no_grad():
+        a, b = m(src, tgt), m(src, tgt2)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_cached_greedy_equals_uncached(pe):
+    m = small(pe)
+    src = torch.randint(3, V, (4, 9))
+    kw = dict(max_new_tokens=15, bos_id=1, eos_id=2)
+    a = greedy_decode(m, src, use_cache=True, **kw)
+    b = greedy_decode(m, src, use_cache=False, **kw)
+    assert torch.equal(a, b)
+    assert a[:, 0].eq(1).all() and a.shape[1] <= 16
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_cached_logits_equal_full_decoder(pe):
+    m = small(pe)
+    src, tgt = torch.randint(1, V, (2, 6)), torch.randint(1, V, (2, 7))
+    with torch.no_grad():
+        memory = m.encode(src)
+        full = m.decode(tgt, memory)
+        cache = m.new_cache()
+        steps = [m.decode(tgt[:, t : t + 1], memory, cache=cache) for t in range(7)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
+
+
+def test_fused_kernel_used_where_the_scheme_allows(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    for pe in PE_TYPES:
+        m = small(pe)
+        calls.clear()
+        with torch.no_grad():
+            m(torch.randint(1, V, (1, 5)), torch.randint(1, V, (1, 4)))
+        n_layers = 2 + 2 * 2  # encoder self, decoder self + cross
+        expected = n_layers if pe in ("none", "sinusoidal", "learned", "rope", "t5", "alibi") else 2  # cross only
+        assert len(calls) == expected, (pe, len(calls))
+        assert m.enc_pos.fused == (pe not in ("shaw", "xlnet", "deberta"))
+
+
+def _copy_batch(b=32, n=8):
+    body = torch.randint(3, V, (b, n))
+    bos = torch.full((b, 1), 1)
+    eos = torch.full((b, 1), 2)
+    return body, torch.cat((bos, body), 1), torch.cat((body, eos), 1)
+
+
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_every_scheme_learns_a_copy_task(pe):
+    set_seed(0)
+    m = build_model(pe, V, d_model=32, n_heads=4, num_layers=1, dim_feedforward=64, dropout=0.0)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    losses = []
+    for step in range(80):
+        src, tgt_in, tgt_out = _copy_batch()
+        loss = m.loss(src, tgt_in, tgt_out)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.7 * first, f"{pe}: loss {first:.3f} -> {last:.3f}"
+
+
+def test_post_norm_and_untied_variants():
+    m = build_model("rope", V, **SMALL, norm_first=False, tie_embeddings=False)
+    out = m(torch.randint(1, V, (2, 5)), torch.randint(1, V, (2, 3)))
+    assert out.shape == (2, 3, V)
