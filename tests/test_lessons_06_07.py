@@ -1,0 +1,108 @@
+"""Properties taught in notebooks/06_rope.ipynb and 07_t5_bias.ipynb, checked against transformers."""
+import math
+
+import pytest
+import torch
+
+from posenc_lib import build_model, greedy_decode
+from posenc_lib.attention import MultiHeadAttention
+from posenc_lib.rotary import apply_rope, apply_rope_complex, interleaved_to_half_permutation
+from posenc_lib.t5 import T5Bias, t5_relative_bucket
+
+
+def test_rope_matches_llama_half_split():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    q, k = torch.randn(2, 3, 16, 8), torch.randn(2, 3, 16, 8)
+    cfg = LlamaConfig(hidden_size=24, num_attention_heads=3, head_dim=8, max_position_embeddings=64)
+    cos, sin = LlamaRotaryEmbedding(cfg)(q, torch.arange(16)[None])
+    q_l, k_l = apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.allclose(q_l, apply_rope(q, interleaved=False), atol=1e-6)
+    assert torch.allclose(k_l, apply_rope(k, interleaved=False), atol=1e-6)
+
+
+def test_rope_matches_roformer_interleaved():
+    from transformers.models.roformer.modeling_roformer import (
+        RoFormerSelfAttention,
+        RoFormerSinusoidalPositionalEmbedding,
+    )
+
+    q, k = torch.randn(2, 3, 16, 8), torch.randn(2, 3, 16, 8)
+    table = RoFormerSinusoidalPositionalEmbedding(64, 8)
+    with torch.no_grad():
+        table.weight.copy_(table.create_weight())
+    q_r, k_r = RoFormerSelfAttention.apply_rotary_position_embeddings(table(torch.Size([1, 16]))[None, None], q, k)
+    assert torch.allclose(q_r, apply_rope(q), atol=1e-5) and torch.allclose(k_r, apply_rope(k), atol=1e-5)
+    assert torch.allclose(apply_rope_complex(q), apply_rope(q), atol=1e-6)
+
+
+def test_rope_permutation_and_relative_scores():
+    x = torch.randn(5, 16)
+    p = interleaved_to_half_permutation(16)
+    assert torch.allclose(apply_rope(x[:, p], interleaved=False), apply_rope(x)[:, p], atol=1e-6)
+    assert not torch.allclose(apply_rope(x, interleaved=False), apply_rope(x), atol=1e-3)
+    qv, kv, pos = torch.randn(1, 16).expand(20, 16), torch.randn(1, 16).expand(20, 16), torch.arange(20)
+    s = apply_rope(qv, pos) @ apply_rope(kv, pos).T
+    assert torch.allclose(s[1:, 1:], s[:-1, :-1], atol=1e-4)
+    assert torch.allclose(apply_rope(qv, pos).norm(dim=-1), qv.norm(dim=-1), atol=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_rope_greedy_decode_cache_equals_recompute(interleaved):
+    model = build_model("rope", 40, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                        interleaved=interleaved)  # fmt: skip
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            if w.dim() > 1 and "embed" not in name:
+                w.normal_(0.0, 0.3)
+    src = torch.randint(3, 40, (3, 9))
+    a = greedy_decode(model, src, max_new_tokens=12, bos_id=1, eos_id=2, use_cache=True)
+    b = greedy_decode(model, src, max_new_tokens=12, bos_id=1, eos_id=2, use_cache=False)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (64, 256)])
+def test_t5_buckets_match_transformers(bidirectional, num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    rel = torch.arange(-1000, 1001)
+    ref = T5Attention._relative_position_bucket(rel, bidirectional, num_buckets, max_distance)
+    assert torch.equal(t5_relative_bucket(rel, bidirectional, num_buckets, max_distance), ref)
+
+
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_t5_attention_layer_parity(is_decoder):
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    cfg = T5Config(d_model=32, d_kv=8, num_heads=4, is_decoder=is_decoder)
+    cfg._attn_implementation = "eager"
+    ref = T5Attention(cfg, has_relative_attention_bias=True, layer_idx=0, is_causal=is_decoder).eval()
+    ours = T5Bias(32, 4, 1, causal=is_decoder)
+    mha = MultiHeadAttention(32, 4, bias=False).eval()
+    with torch.no_grad():
+        ours.relative_attention_bias.weight.copy_(ref.relative_attention_bias.weight)
+        mha.q_proj.weight.copy_(ref.q.weight * math.sqrt(8))
+        mha.k_proj.weight.copy_(ref.k.weight)
+        mha.v_proj.weight.copy_(ref.v.weight)
+        mha.out_proj.weight.copy_(ref.o.weight)
+    pos = torch.arange(9)
+    assert torch.equal(ref.compute_bias(9, 9), ours.compute_bias(pos, pos))
+    assert torch.equal(ref.compute_bias(1, 6, past_seen_tokens=5), ours.compute_bias(torch.tensor([5]), torch.arange(6)))
+    x = torch.randn(2, 9, 32)
+    mask = torch.full((9, 9), float("-inf")).triu(1) if is_decoder else None
+    out_ref = ref(x, mask=mask)[0]
+    assert torch.allclose(mha(x, causal=is_decoder, pos=ours, ctx=ours.prepare(pos, pos)), out_ref, atol=1e-5)
+
+
+def test_t5_bias_as_float_attn_mask_equals_explicit_softmax():
+    q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, 4, 12, 8), torch.randn(2, 4, 12, 8)
+    scheme = T5Bias(32, 4, 1)
+    with torch.no_grad():
+        scheme.relative_attention_bias.weight.normal_()
+    bias = scheme.compute_bias(torch.arange(12), torch.arange(12))
+    explicit = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + bias, -1) @ v
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    assert torch.allclose(fused, explicit, atol=1e-5)
