@@ -94,9 +94,13 @@ def apply_rope(
 
 def apply_rope_complex(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0) -> torch.Tensor:
     """The paper's complex form with ``torch.polar`` (interleaved pairing); for teaching and tests."""
+    check_float_tensor("x", x)
     seq, head_dim = x.shape[-2], x.shape[-1]
+    check_even("head_dim", head_dim)
     if positions is None:
         positions = torch.arange(seq, device=x.device)
+    if positions.dim() != 1 or positions.shape[0] != seq:
+        raise ValueError(f"positions must be 1-D with length seq={seq}, got shape {tuple(positions.shape)}")
     rot = torch.polar(torch.ones(seq, head_dim // 2, device=x.device), rope_angles(positions, head_dim, base))
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], head_dim // 2, 2).contiguous())
     return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)
