@@ -1,0 +1,154 @@
+"""The length-extrapolation experiment: task, training, scoring, results files, resume, errors."""
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from posenc_lib import PE_TYPES, extrapolation as ex
+
+TINY = ex.ExtrapolationConfig(
+    name="tiny", train_min_len=2, train_max_len=6, test_lengths=(4, 6, 12), d_model=16, n_heads=2, num_layers=1,
+    dim_feedforward=32, steps=4, batch_size=8, lr=3e-3, warmup=2, eval_examples=6, eval_batch_size=4,
+)  # fmt: skip
+
+
+def test_profiles_cover_the_brief():
+    course = ex.PROFILES["course"]
+    assert max(course.test_lengths) >= 4 * course.train_max_len
+    assert course.learned_max_len == course.train_max_len + 1
+    smoke = ex.PROFILES["smoke"]
+    assert max(smoke.test_lengths) >= 4 * smoke.train_max_len
+    assert smoke.steps * smoke.batch_size < course.steps * course.batch_size
+
+
+@pytest.mark.parametrize("task", ex.TASKS)
+def test_batch_structure(task):
+    cfg = replace(TINY, task=task)
+    g = torch.Generator().manual_seed(0)
+    lengths = [2, 5, 3]
+    b = ex.make_batch(cfg, lengths, g)
+    assert b["src"].shape == (3, 5) and b["tgt_in"].shape == b["tgt_out"].shape == (3, 6)
+    for i, n in enumerate(lengths):
+        x = b["src"][i, :n]
+        assert ((x >= ex.FIRST_SYMBOL) & (x < cfg.vocab_size)).all()
+        assert (b["src"][i, n:] == ex.PAD).all() and b["src_pad"][i].sum() == 5 - n
+        y = x.flip(0) if task == "reverse" else x
+        assert torch.equal(b["tgt_out"][i, :n], y) and b["tgt_out"][i, n] == ex.EOS
+        assert b["tgt_in"][i, 0] == ex.BOS and torch.equal(b["tgt_in"][i, 1 : n + 1], y)
+        assert (b["tgt_out"][i, n + 1 :] == ex.PAD).all()
+        # the target is a permutation of the source: only positions distinguish the tasks
+        assert torch.equal(y.sort().values, x.sort().values)
+
+
+def test_training_lengths_stay_in_range_and_test_sets_are_fixed():
+    g = torch.Generator().manual_seed(1)
+    lens = ex.train_lengths(TINY, 500, g)
+    assert min(lens) == TINY.train_min_len and max(lens) == TINY.train_max_len
+    a, b = ex.test_batch(TINY, 12), ex.test_batch(TINY, 12)
+    assert torch.equal(a["src"], b["src"]) and a["src"].shape == (TINY.eval_examples, 12)
+    assert not torch.equal(ex.test_batch(replace(TINY, eval_seed=7), 12)["src"], a["src"])
+
+
+def test_score_counts_exact_and_token_accuracy():
+    b = ex.make_batch(TINY, [3, 3], torch.Generator().manual_seed(0))
+    perfect = torch.cat((torch.full((2, 1), ex.BOS), b["tgt_out"]), dim=1)
+    assert ex.score(perfect, b) == (1.0, 1.0)
+    wrong = perfect.clone()
+    wrong[0, 1] = ex.FIRST_SYMBOL + (wrong[0, 1] - ex.FIRST_SYMBOL + 1) % TINY.n_symbols  # one symbol off
+    exact, token = ex.score(wrong, b)
+    assert exact == 0.5 and token == pytest.approx((2 / 3 + 1) / 2)
+    no_eos = perfect.clone()
+    no_eos[:, -1] = ex.FIRST_SYMBOL  # all symbols right, but no end token: not an exact match
+    assert ex.score(no_eos, b) == (0.0, 1.0)
+    short = perfect[:, :2]  # stopped after one token: the missing ones count as wrong
+    assert ex.score(short, b) == (0.0, pytest.approx(1 / 3))
+
+
+def test_tiny_training_run_loss_falls():
+    cfg = replace(TINY, steps=60, batch_size=16, lr=1e-2, warmup=5)
+    _, losses = ex.train("sinusoidal", cfg, seed=0, progress=False, log_every=10)
+    assert len(losses) == 6
+    assert losses[-1] < 0.8 * losses[0]
+
+
+def test_learned_table_beyond_training_length_is_recorded_not_hidden():
+    model = ex.make_model("learned", TINY)
+    assert model.enc_pos.table.max_len == TINY.train_max_len + 1
+    rows = {r["length"]: r for r in ex.evaluate(model, TINY)}
+    assert rows[6]["representable"] and rows[6]["in_training_range"]
+    assert not rows[12]["representable"] and not rows[12]["in_training_range"]
+    assert rows[12]["exact_match"] == rows[12]["token_accuracy"] == 0.0
+    # other schemes represent every length
+    assert all(r["representable"] for r in ex.evaluate(ex.make_model("rope", TINY), TINY))
+
+
+def test_results_json_schema_and_resume(tmp_path, monkeypatch):
+    out = tmp_path / "res"
+    logs = []
+    paths = ex.run_all(TINY, ["learned", "alibi"], [0], out, progress=False, log=logs.append)
+    assert [p.name for p in paths] == ["learned_seed0.json", "alibi_seed0.json"]
+    rec = json.loads(paths[0].read_text())
+    ex.check_record(rec)
+    assert rec["schema"] == ex.SCHEMA and rec["pe"] == "learned" and rec["seed"] == 0
+    assert rec["config"]["train_max_len"] == 6 and rec["train"]["steps"] == TINY.steps
+    assert [r["length"] for r in rec["eval"]] == list(TINY.test_lengths)
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
+
+    # a rerun trains nothing: it must not call run_one, and files stay untouched
+    mtimes = [p.stat().st_mtime_ns for p in paths]
+    monkeypatch.setattr(ex, "run_one", lambda *a, **k: pytest.fail("a finished model was trained again"))
+    ex.run_all(TINY, ["learned", "alibi"], [0], out, progress=False, log=logs.append)
+    assert [p.stat().st_mtime_ns for p in paths] == mtimes
+    assert ex.pending(TINY, ["learned", "alibi", "rope"], [0, 1], out) == [
+        ("learned", 1), ("alibi", 1), ("rope", 0), ("rope", 1)]  # fmt: skip
+
+    # results from another configuration are not silently mixed in
+    with pytest.raises(ValueError, match="different configuration"):
+        ex.pending(replace(TINY, steps=5), ["alibi"], [0], out)
+
+    recs = ex.load_results(out)
+    assert [r["pe"] for r in recs] == ["learned", "alibi"]  # course order
+    s = ex.summarize(recs, "token_accuracy")
+    assert s["learned"]["representable"] == [True, True, False]
+    assert s["alibi"]["lengths"] == [4, 6, 12]
+    for v in s.values():
+        assert all(lo <= m <= hi for lo, m, hi in zip(v["min"], v["mean"], v["max"]))
+
+
+def test_check_record_rejects_broken_records():
+    rec = {"schema": ex.SCHEMA, "pe": "rope", "seed": 0, "profile": "x", "config": {}, "num_parameters": 1,
+           "train": {}, "eval": [{"length": 4, "exact_match": 1.5, "token_accuracy": 1.0, "representable": True}]}
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        ex.check_record(rec)
+    with pytest.raises(ValueError, match="missing keys"):
+        ex.check_record({"schema": ex.SCHEMA})
+    with pytest.raises(ValueError, match="schema"):
+        ex.check_record({**rec, "schema": "other"})
+
+
+def test_bad_inputs_give_clear_errors(tmp_path, capsys):
+    with pytest.raises(ValueError, match="valid choices"):
+        ex.ExtrapolationConfig(task="sort")
+    with pytest.raises(ValueError, match="train_min_len"):
+        ex.ExtrapolationConfig(train_min_len=10, train_max_len=5)
+    with pytest.raises(ValueError, match="test length"):
+        ex.ExtrapolationConfig(test_lengths=(8, 0))
+    with pytest.raises(ValueError, match="valid choices"):
+        ex.summarize([], metric="bleu")
+    with pytest.raises(ValueError, match="valid choices: none, sinusoidal"):
+        ex.run_all(TINY, ["nonsense"], [0], tmp_path, progress=False)
+    with pytest.raises(FileNotFoundError, match="no results folder"):
+        ex.load_results(tmp_path / "missing")
+    for argv, msg in ((["--pe", "sinusoidal,bogus"], "bogus"), (["--seeds", "0,x"], "integers"),
+                      (["--profile", "huge"], "invalid choice"), (["--jobs", "0"], "--jobs")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            ex.main(argv + ["--out", str(tmp_path)])
+        assert msg in capsys.readouterr().err
+
+
+def test_every_scheme_builds_for_the_course_profile():
+    cfg = ex.PROFILES["course"]
+    for pe in PE_TYPES:
+        m = ex.make_model(pe, cfg)
+        assert m.pe == pe and m.vocab_size == cfg.vocab_size
