@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc_lib import build_model
-from posenc_lib.absolute import LearnedPositionalEmbedding, hierarchical_positions
+from posenc_lib.absolute import LearnedPositionalEmbedding, LearnedScheme, hierarchical_positions
 from posenc_lib.attention import MultiHeadAttention
 from posenc_lib.shaw import (ShawRelative, shaw_index, shaw_key_scores, shaw_scores_naive, shaw_value_term,
                              shaw_values_naive)
@@ -34,6 +34,21 @@ def test_hierarchical_codes_are_distinct_for_alpha_not_half():
 def test_hierarchical_rejects_bad_alpha(alpha):
     with pytest.raises(ValueError, match="alpha"):
         hierarchical_positions(torch.randn(4, 8), alpha=alpha)
+
+
+@pytest.mark.parametrize("shape", [(12,), (2, 6, 8)])
+def test_hierarchical_rejects_non_2d_tables(shape):
+    with pytest.raises(ValueError, match="shape"):
+        hierarchical_positions(torch.randn(*shape))
+
+
+def test_learned_init_scales():
+    # lesson 04 relies on: the scheme's table starts at the token-embedding scale (std 1),
+    # the bare module at std 0.02, and init_std is honoured
+    torch.manual_seed(0)
+    assert abs(LearnedScheme(64, 2, 1, max_len=512).table.weight.std().item() - 1.0) < 0.05
+    assert abs(LearnedPositionalEmbedding(512, 64).weight.std().item() - 0.02) < 0.001
+    assert abs(LearnedScheme(64, 2, 1, max_len=512, init_std=0.02).table.weight.std().item() - 0.02) < 0.001
 
 
 def test_learned_table_errors_beyond_max_len_in_the_model():
