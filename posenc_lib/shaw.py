@@ -12,16 +12,28 @@ A naive implementation builds ``a^K`` as an ``(L, L, d)`` tensor
 (:func:`shaw_scores_naive`).  Here we never do:
 
 * key term: ``q @ w^K.T`` gives every query's score against the 2k+1 table rows,
-  ``(B, H, L, 2k+1)``; a gather with the clipped index matrix picks row
+  ``S: (B, H, L, 2k+1)``; a gather with the clipped index matrix picks row
   ``clip(j - i)`` for each key ``j``.
-* value term: the attention mass of query ``i`` on each clipped distance
-  (a scatter-add of ``alpha_ij`` into 2k+1 slots), times ``w^V``.
+* value term: the attention mass of query ``i`` on each clipped distance,
+  ``M: (B, H, L, 2k+1)``, times ``w^V``.
 
-Memory is O(B H L (L + 2k+1)) instead of O(L^2 d).
+The two operations are adjoint to each other (the gradient of the gather is a
+"sum per distance" and vice versa), so both run through one pair of autograd
+functions.  The sum per distance avoids a scatter-add: for a row ``i`` every
+distance strictly inside ``(-k, k)`` is hit by at most one key, a small gather of
+``(L, 2k-1)`` elements; only the two clipped ends collect many keys, and both
+are masked row sums, done as one batched matrix product against a fixed
+``(L_q, L_k, 2)`` 0/1 mask.  On CPU this is about 2x (L = 256) to 2x+ (L = 1024)
+faster than ``scatter_add_``.  (A skew in the manner of the Music Transformer,
+Huang et al. 2018, arXiv:1809.04281, was measured too: with clipping it first has
+to expand ``S`` to all ``2L - 1`` distances and is several times slower than the
+gather.)  Memory is O(B H L (L + 2k+1)) instead of O(L^2 d).
 
 Taught in notebooks/05_relative_shaw.ipynb.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,25 +48,104 @@ def shaw_index(q_pos: torch.Tensor, k_pos: torch.Tensor, max_relative_position: 
     return relative_positions(q_pos, k_pos).clamp(-k, k) + k
 
 
-def shaw_key_scores(q: torch.Tensor, table_k: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+@dataclass
+class ShawPlan:
+    """Index structures for one ``(q_len, k_len)`` index, built once per forward and shared by layers.
+
+    ``index: (Lq, Lk)`` table rows; ``band_j: (Lq, R-2)`` the key holding each inner row
+    (clamped to a valid key), ``band_ok: (Lq, R-2)`` 1.0 where that key exists;
+    ``ends: (Lq, Lk, 2)`` float 0/1 masks of the keys in the first and last row;
+    ``fast``: False if an inner row is hit twice in some query row (then scatter-add is used).
+    """
+
+    index: torch.Tensor
+    rows: int
+    band_j: torch.Tensor
+    band_ok: torch.Tensor
+    ends: torch.Tensor
+    fast: bool
+
+
+def shaw_plan(index: torch.Tensor, rows: int) -> ShawPlan:
+    """Build the :class:`ShawPlan` of ``index (Lq, Lk)`` with values in ``[0, rows)``."""
+    if index.dim() != 2:
+        raise ValueError(f"index must be (q_len, k_len), got shape {tuple(index.shape)}")
+    lq, lk = index.shape
+    keys = torch.arange(lk, device=index.device).expand(lq, lk)
+    counts = torch.zeros(lq, rows, dtype=torch.long, device=index.device).scatter_add_(1, index, torch.ones_like(index))
+    fast = rows >= 3 and bool((counts[:, 1:-1] <= 1).all())
+    band_j = torch.full((lq, rows), -1, dtype=torch.long, device=index.device).scatter_(1, index, keys)[:, 1:-1]
+    band_ok = (band_j >= 0).float()
+    ends = torch.stack((index == 0, index == rows - 1), dim=-1).float()
+    return ShawPlan(index, rows, band_j.clamp(min=0), band_ok, ends, fast)
+
+
+def _sum_per_row(p: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
+    """``M[..., i, r] = sum_j p[..., i, j] [index_ij = r]``: ``(B, H, Lq, Lk) -> (B, H, Lq, R)``."""
+    b, h, lq, lk = p.shape
+    if not plan.fast:
+        out = p.new_zeros(b, h, lq, plan.rows)
+        return out.scatter_add_(-1, plan.index.expand(b, h, lq, lk), p)
+    band = p.gather(-1, plan.band_j.expand(b, h, lq, plan.rows - 2)) * plan.band_ok.to(p.dtype)
+    # clipped ends: one masked row sum each, as L_q small matrix products (batch = query row)
+    ends = torch.bmm(p.reshape(b * h, lq, lk).transpose(0, 1), plan.ends.to(p.dtype))  # (Lq, B*H, 2)
+    ends = ends.transpose(0, 1).reshape(b, h, lq, 2)
+    return torch.cat((ends[..., :1], band, ends[..., 1:]), dim=-1)
+
+
+def _gather_rows(s: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
+    """``out[..., i, j] = s[..., i, index_ij]``: ``(B, H, Lq, R) -> (B, H, Lq, Lk)``."""
+    b, h, lq, _ = s.shape
+    return s.gather(-1, plan.index.expand(b, h, lq, plan.index.shape[1]))
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, plan):
+        ctx.plan = plan
+        return _gather_rows(s, plan)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _sum_per_row(grad, ctx.plan), None
+
+
+class _SumPerRow(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p, plan):
+        ctx.plan = plan
+        return _sum_per_row(p, plan)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_rows(grad, ctx.plan), None
+
+
+def _plan_for(index: torch.Tensor, rows: int, plan: ShawPlan | None) -> ShawPlan:
+    if plan is None:
+        return shaw_plan(index, rows)
+    if plan.index is not index and not torch.equal(plan.index, index):
+        raise ValueError("plan was built for a different index; build it with shaw_plan(index, rows)")
+    return plan
+
+
+def shaw_key_scores(q: torch.Tensor, table_k: torch.Tensor, index: torch.Tensor, plan: ShawPlan | None = None) -> torch.Tensor:
     """``q . a^K_ij`` without an (L, L, d) tensor.
 
     ``q: (B, H, Lq, d)``, ``table_k: (2k+1, d)``, ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.
+    ``plan``: :func:`shaw_plan` of ``index`` (built here when omitted).
     """
-    s = q @ table_k.t()  # (B, H, Lq, 2k+1)
-    b, h, lq, _ = s.shape
-    return s.gather(-1, index.expand(b, h, lq, index.shape[-1]))
+    plan = _plan_for(index, table_k.shape[0], plan)
+    return _GatherRows.apply(q @ table_k.t(), plan)  # (B, H, Lq, 2k+1) -> (B, H, Lq, Lk)
 
 
-def shaw_value_term(probs: torch.Tensor, table_v: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def shaw_value_term(probs: torch.Tensor, table_v: torch.Tensor, index: torch.Tensor, plan: ShawPlan | None = None) -> torch.Tensor:
     """``sum_j alpha_ij a^V_ij`` from the attention mass per clipped distance.
 
     ``probs: (B, H, Lq, Lk)``, ``table_v: (2k+1, d)`` -> ``(B, H, Lq, d)``.
     """
-    b, h, lq, lk = probs.shape
-    mass = probs.new_zeros(b, h, lq, table_v.shape[0])
-    mass.scatter_add_(-1, index.expand(b, h, lq, lk), probs)
-    return mass @ table_v.to(probs.dtype)
+    plan = _plan_for(index, table_v.shape[0], plan)
+    return _SumPerRow.apply(probs, plan) @ table_v.to(probs.dtype)
 
 
 def shaw_scores_naive(q, k, table_k, index):
@@ -83,13 +174,15 @@ class ShawRelative(PositionScheme):
         self.table_v = nn.Parameter(torch.randn(num_layers, rows, self.head_dim) * self.head_dim**-0.5)
 
     def prepare(self, q_pos, k_pos):
-        return {"q_pos": q_pos, "k_pos": k_pos, "index": shaw_index(q_pos, k_pos, self.max_relative_position)}
+        index = shaw_index(q_pos, k_pos, self.max_relative_position)
+        plan = shaw_plan(index, 2 * self.max_relative_position + 1)
+        return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "plan": plan}
 
     def scores(self, q, k, ctx, layer, attn):
-        return shaw_key_scores(q, self.table_k[layer].to(q.dtype), ctx["index"])
+        return shaw_key_scores(q, self.table_k[layer].to(q.dtype), ctx["index"], ctx.get("plan"))
 
     def values(self, probs, ctx, layer):
-        return shaw_value_term(probs, self.table_v[layer], ctx["index"])
+        return shaw_value_term(probs, self.table_v[layer], ctx["index"], ctx.get("plan"))
 
     def extra_repr(self):
         return f"causal={self.causal}, max_relative_position={self.max_relative_position}"
