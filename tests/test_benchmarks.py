@@ -1,0 +1,82 @@
+"""The benchmark suite runs end to end in its tiny --quick configuration and writes what it promises."""
+import json
+
+import pytest
+
+from benchmarks.common import ALL_SCHEMES, NAIVE_SHAW, BenchConfig, ShawNaive, make_model, random_tokens
+from benchmarks.run import SCHEMA, main
+
+
+def _load(path):
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == SCHEMA
+    for key in ("torch", "torch_threads", "cpu_model", "cores_available", "device"):
+        assert key in doc["machine"]
+    assert doc["config"]["d_model"] == BenchConfig.quick().d_model
+    return doc
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    common = ["--quick", "--threads", "1", "--out", str(out), "--quiet"]
+    main(common + ["--only", "train,decode", "--lengths", "8,12", "--repeats", "2"])
+    main(common + ["--only", "memory", "--schemes", "shaw"])
+    return out
+
+
+def test_training_results_cover_every_scheme_and_length(quick_run):
+    doc = _load(quick_run / "train.json")
+    lengths = doc["results"]["lengths"]
+    assert list(lengths) == ["8", "12"]
+    for res in lengths.values():
+        assert set(res) == set(ALL_SCHEMES)
+        assert res["none"]["ratio"] == 1.0
+        for r in res.values():
+            assert len(r["times_s"]) == 2 and r["min_s"] <= r["median_s"] <= r["max_s"]
+            assert r["ratio"] == pytest.approx(r["median_s"] / res["none"]["median_s"])
+
+
+def test_cached_and_uncached_decoding_give_identical_tokens(quick_run):
+    doc = _load(quick_run / "decode.json")
+    res = doc["results"]["schemes"]
+    assert set(res) == set(ALL_SCHEMES)
+    for pe, r in res.items():
+        assert r["identical"], f"{pe}: cached and uncached greedy decoding differ"
+        assert r["new_tokens"] == doc["config"]["decode_new_tokens"]
+        assert r["speedup"] > 0 and r["cached"]["median_s"] > 0
+
+
+def test_memory_runs_one_process_per_scheme(quick_run):
+    doc = _load(quick_run / "memory.json")
+    res = doc["results"]["schemes"]
+    assert list(res) == ["none", "shaw"]
+    for r in res.values():
+        assert "error" not in r, r
+        assert r["peak_mb"] > 50 and r["peak_mb"] >= r["step_mb"] >= 0
+    assert res["none"]["ratio_peak"] == 1.0
+
+
+def test_table_and_figure_are_written(quick_run):
+    table = (quick_run / "table.md").read_text()
+    for heading in ("Training step", "Peak memory", "Greedy decoding"):
+        assert heading in table
+    assert "| shaw_naive |" in table and "NO |" not in table
+    assert (quick_run / "cost.png").stat().st_size > 1000
+
+
+def test_naive_shaw_is_the_same_function_as_shaw():
+    cfg = BenchConfig.quick()
+    fast, naive = make_model("shaw", cfg).eval(), make_model(NAIVE_SHAW, cfg).eval()
+    assert isinstance(naive.enc_pos, ShawNaive) and not isinstance(fast.enc_pos, ShawNaive)
+    src, tgt = random_tokens(cfg, 2, 9, seed=1), random_tokens(cfg, 2, 7, seed=2)
+    import torch
+
+    torch.testing.assert_close(naive(src, tgt), fast(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_arguments_are_rejected():
+    with pytest.raises(SystemExit, match="unknown scheme"):
+        main(["--quick", "--schemes", "nonsense", "--quiet"])
+    with pytest.raises(SystemExit):
+        main(["--quick", "--only", "speed", "--quiet"])
