@@ -41,6 +41,7 @@ import json
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -86,7 +87,7 @@ class ExtrapolationConfig:
     eval_examples: int = 200  # test sequences per length (fixed, the same for every model)
     eval_batch_size: int = 200
     eval_seed: int = 12345  # the test sets depend on this only, never on the training seed
-    threads: int = 2  # torch.set_num_threads for the command line run
+    threads: int = 1  # torch threads per model while it trains (see run_one); use --jobs for more cores
 
     def __post_init__(self):
         check_choice("task", self.task, TASKS)
@@ -120,7 +121,8 @@ SMOKE = ExtrapolationConfig(
 )  # fmt: skip
 #: ``course``: all 9 schemes x 3 seeds on 2 CPU cores (``--jobs 2``); the lesson's numbers come from it.
 #: Sized by measurement: a rope model at these settings reached loss 0.05 after 1000 updates
-#: (exact match 0.96 at length 8, 0.70 at 16), at about 55 ms of CPU time per update.
+#: (exact match 0.96 at length 8, 0.70 at 16), at about 55 ms of CPU time per update on one
+#: thread; 1200 updates + evaluation ~ 70 s per model, 27 models / 2 jobs ~ 16 minutes.
 COURSE = ExtrapolationConfig(name="course")
 PROFILES: dict[str, ExtrapolationConfig] = {"smoke": SMOKE, "course": COURSE}
 
@@ -172,6 +174,21 @@ def test_batch(cfg: ExtrapolationConfig, length: int) -> dict[str, torch.Tensor]
 
 
 # -- model, training, evaluation ------------------------------------------------------------------
+@contextmanager
+def num_threads(n: int):
+    """Run the block with ``n`` torch threads, then restore the previous number.
+
+    Models this small run best on one thread: on a busy 2-core machine two intra-op
+    threads made the same training run (identical losses) about 12x slower in CPU time.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer:
     """The model for scheme ``pe``; a learned table gets exactly ``cfg.learned_max_len`` rows."""
     pe = canonical_pe(pe)
@@ -199,8 +216,16 @@ def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(seed)
     model.train()
-    losses, window = [], []
+    losses: list[float] = []
     bar = tqdm(range(cfg.steps), desc=f"{canonical_pe(pe)} seed {seed}", disable=not progress, leave=False)
+    with num_threads(cfg.threads):
+        _train_loop(model, opt, cfg, g, bar, losses, log_every)
+    model.eval()
+    return model, losses
+
+
+def _train_loop(model, opt, cfg, g, bar, losses, log_every):
+    window = []
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
@@ -216,8 +241,6 @@ def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True
             losses.append(sum(window) / len(window))
             window = []
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    model.eval()
-    return model, losses
 
 
 def score(pred: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
@@ -243,28 +266,30 @@ def evaluate(model: Seq2SeqTransformer, cfg: ExtrapolationConfig, lengths: Itera
     A ``ValueError`` from a learned table (a position beyond its rows) is
     recorded as ``representable: False`` with both accuracies 0.
     """
-    rows = []
-    for n in lengths if lengths is not None else cfg.test_lengths:
-        batch = test_batch(cfg, n)
+    with num_threads(cfg.threads):
+        return [_evaluate_length(model, cfg, n) for n in (lengths if lengths is not None else cfg.test_lengths)]
+
+
+def _evaluate_length(model: Seq2SeqTransformer, cfg: ExtrapolationConfig, n: int) -> dict:
+    batch = test_batch(cfg, n)
+    exact = token = 0.0
+    representable = True
+    try:
+        for i in range(0, cfg.eval_examples, cfg.eval_batch_size):
+            part = {k: v[i : i + cfg.eval_batch_size] for k, v in batch.items()}
+            pred = greedy_decode(model, part["src"], max_new_tokens=n + 1, bos_id=BOS, eos_id=EOS, use_cache=True)
+            e, t = score(pred, part)
+            k = part["src"].shape[0]
+            exact += e * k
+            token += t * k
+        exact, token = exact / cfg.eval_examples, token / cfg.eval_examples
+    except ValueError as err:
+        if "beyond the learned table" not in str(err):
+            raise
         exact = token = 0.0
-        representable = True
-        try:
-            for i in range(0, cfg.eval_examples, cfg.eval_batch_size):
-                part = {k: v[i : i + cfg.eval_batch_size] for k, v in batch.items()}
-                pred = greedy_decode(model, part["src"], max_new_tokens=n + 1, bos_id=BOS, eos_id=EOS, use_cache=True)
-                e, t = score(pred, part)
-                k = part["src"].shape[0]
-                exact += e * k
-                token += t * k
-            exact, token = exact / cfg.eval_examples, token / cfg.eval_examples
-        except ValueError as err:
-            if "beyond the learned table" not in str(err):
-                raise
-            exact = token = 0.0
-            representable = False
-        rows.append({"length": n, "exact_match": round(exact, 6), "token_accuracy": round(token, 6),
-                     "representable": representable, "in_training_range": n <= cfg.train_max_len})  # fmt: skip
-    return rows
+        representable = False
+    return {"length": n, "exact_match": round(exact, 6), "token_accuracy": round(token, 6),
+            "representable": representable, "in_training_range": n <= cfg.train_max_len}  # fmt: skip
 
 
 # -- results on disk ------------------------------------------------------------------------------
@@ -310,10 +335,8 @@ def check_record(rec: dict[str, Any]) -> None:
             raise ValueError(f"accuracies must lie in [0, 1], got {row}")
 
 
-def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool, threads: int | None) -> str:
+def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool) -> str:
     """Train, evaluate and write one result file; returns a one-line report (also the worker of ``--jobs``)."""
-    if threads is not None:
-        torch.set_num_threads(threads)
     rec = run_one(pe, cfg, seed, progress=progress)
     check_record(rec)
     atomic_write_json(result_path(out, pe, seed), rec)
@@ -349,9 +372,9 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
             progress: bool = True, jobs: int = 1, log=print) -> list[Path]:  # fmt: skip
     """Run every (scheme, seed) not already finished in ``out``; returns the paths of all results.
 
-    ``jobs > 1`` trains that many models at once in worker processes, each with
-    ``max(1, cfg.threads // jobs)`` torch threads (tiny models use one core better
-    than two threads do); each worker writes its own file as it finishes.
+    ``jobs > 1`` trains that many models at once in worker processes (each with
+    ``cfg.threads`` torch threads: tiny models use one core per process better than
+    two threads in one process); each worker writes its own file as it finishes.
     """
     jobs = check_positive_int("jobs", jobs)
     seeds = [int(s) for s in seeds]
@@ -361,16 +384,15 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
         log(f"skipping {done} finished model(s) in {out}")
     if jobs == 1:
         for pe, seed in todo:
-            log(_finish(pe, cfg, seed, out, progress, None))
+            log(_finish(pe, cfg, seed, out, progress))
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         from tqdm.auto import tqdm
 
-        threads = max(1, cfg.threads // jobs)
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = [pool.submit(_finish, pe, cfg, seed, out, False, threads) for pe, seed in todo]
+            futures = [pool.submit(_finish, pe, cfg, seed, out, False) for pe, seed in todo]
             for f in tqdm(as_completed(futures), total=len(futures), desc="models", disable=not progress):
                 log(f.result())
     return [result_path(out, pe, s) for pe in (canonical_pe(p) for p in pes) for s in seeds]
@@ -480,7 +502,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(err))
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
-    torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     run_all(cfg, pes, seeds, a.out, progress=not a.no_progress, jobs=a.jobs)
     print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")
