@@ -26,6 +26,7 @@ from .train import bench_train
 SCHEMA = "posenc-bench/1"
 PARTS = ("train", "memory", "decode")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+QUICK_OUT = Path(__file__).resolve().parent.parent / "runs" / "bench-quick"  # runs/ is not tracked
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -61,7 +62,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=available_cores(), help="torch threads (default: available cores)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON, table.md and cost.png")
+    p.add_argument(
+        "--out", type=Path, help="folder for the JSON, table.md and cost.png (default benchmarks/results; "
+        "with --quick, runs/bench-quick)",
+    )
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -92,6 +96,8 @@ def main(argv=None) -> dict:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda requested but torch.cuda.is_available() is False; valid here: cpu")
     cfg = config_from_args(a)
+    if a.out is None:
+        a.out = QUICK_OUT if a.quick else DEFAULT_OUT
     torch.set_num_threads(a.threads)
     machine = machine_info(cfg.device)
     a.out.mkdir(parents=True, exist_ok=True)
