@@ -10,7 +10,16 @@ with slopes ``m_h`` a geometric sequence: for ``n`` heads (a power of two)
 ``m_h = 2^(-8h/n)``, h = 1..n.  For other head counts the paper takes the
 slopes of the closest smaller power of two ``c`` and adds every other slope of
 ``2c``.  The causal (paper) form only ever sees ``i >= j``; for a bidirectional
-encoder we use the symmetric distance ``|i - j|``.
+encoder we use the symmetric distance ``|i - j|`` (as Press suggests for
+encoders, and as data2vec 2.0 and MosaicBERT do).
+
+A caveat the course measures: the symmetric bias cannot tell left from right.
+Reversing a source sentence keeps every ``|i - j|``, so a symmetric-ALiBi
+encoder maps a sentence and its reversal to reversed copies of the same
+vectors, and a position-free cross-attention cannot tell them apart.  The
+option ``bidirectional="split"`` (a variant, not from the paper) restores
+direction: even heads attend only to keys at or left of the query, odd heads
+only to keys at or right of it, each with its usual slope.
 
 Taught in notebooks/10_alibi.ipynb.
 """
@@ -21,7 +30,7 @@ import math
 import torch
 
 from .attention import PositionScheme
-from .utils import check_positive_int, relative_positions
+from .utils import check_choice, check_positive_int, relative_positions
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -40,22 +49,41 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor) -> torch.Tensor:
-    """``(1, heads, q_len, k_len)`` bias ``-m_h * |k_pos - q_pos|``."""
-    dist = relative_positions(q_pos, k_pos).abs().to(slopes.dtype)
-    return -(slopes[:, None, None] * dist[None])[None]
+BIDIRECTIONAL = ("symmetric", "split")
+
+
+def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool = False) -> torch.Tensor:
+    """``(1, heads, q_len, k_len)`` bias ``-m_h * |k_pos - q_pos|``.
+
+    ``split=True``: even heads get ``-inf`` for keys right of the query, odd heads for keys left of it.
+    """
+    rel = relative_positions(q_pos, k_pos)
+    bias = -(slopes[:, None, None] * rel.abs().to(slopes.dtype)[None])
+    if split:
+        heads = torch.arange(slopes.shape[0], device=slopes.device)[:, None, None]
+        hidden = torch.where(heads % 2 == 0, rel[None] > 0, rel[None] < 0)
+        bias = bias.masked_fill(hidden, float("-inf"))
+    return bias[None]
 
 
 class ALiBi(PositionScheme):
     name = "alibi"
     where = "scores (bias)"
 
-    def __init__(self, d_model, n_heads, num_layers, causal=False):
+    def __init__(self, d_model, n_heads, num_layers, causal=False, bidirectional: str = "symmetric"):
         super().__init__(d_model, n_heads, num_layers, causal)
+        check_choice("bidirectional", bidirectional, BIDIRECTIONAL)
+        if bidirectional == "split" and n_heads < 2:
+            raise ValueError(f"bidirectional='split' needs at least 2 heads, got n_heads={n_heads}")
+        self.bidirectional = bidirectional
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def prepare(self, q_pos, k_pos):
-        return {"q_pos": q_pos, "k_pos": k_pos, "bias": alibi_bias(q_pos, k_pos, self.slopes)}
+        split = self.bidirectional == "split" and not self.causal
+        return {"q_pos": q_pos, "k_pos": k_pos, "bias": alibi_bias(q_pos, k_pos, self.slopes, split)}
+
+    def extra_repr(self):
+        return f"causal={self.causal}, bidirectional={self.bidirectional!r}"
 
     def bias(self, ctx, layer):
         return ctx["bias"]

@@ -142,3 +142,24 @@ def test_post_norm_and_untied_variants():
     m = build_model("rope", V, **SMALL, norm_first=False, tie_embeddings=False)
     out = m(torch.randint(1, V, (2, 5)), torch.randint(1, V, (2, 3)))
     assert out.shape == (2, 3, V)
+
+
+def test_symmetric_alibi_encoder_cannot_tell_a_source_from_its_reversal_split_can():
+    src, tgt = torch.randint(3, V, (2, 9)), torch.randint(3, V, (2, 5))
+    for option, blind in [("symmetric", True), ("split", False)]:
+        m = small("alibi", bidirectional=option)
+        with torch.no_grad():
+            a, b = m(src, tgt), m(src.flip(1), tgt)
+        assert torch.allclose(a, b, atol=1e-5) == blind, option
+
+
+def test_split_alibi_bias_hides_one_side_per_head():
+    from posenc_lib.alibi import alibi_bias
+
+    pos = torch.arange(5)
+    bias = alibi_bias(pos, pos, torch.tensor([0.5, 0.25]), split=True)[0]
+    right = pos[None, :] > pos[:, None]  # key right of the query
+    left = pos[None, :] < pos[:, None]
+    assert torch.isinf(bias[0][right]).all() and torch.isfinite(bias[0][~right]).all()
+    assert torch.isinf(bias[1][left]).all() and torch.isfinite(bias[1][~left]).all()
+    torch.testing.assert_close(bias[1, 0, 3], torch.tensor(-0.75))
