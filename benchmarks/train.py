@@ -1,8 +1,8 @@
 """Benchmark 1: one training step (forward + backward) per scheme and length.
 
 The step is ``model.loss(src, tgt_in, tgt_out).backward()`` on random tokens
-(batch ``cfg.batch``, source length = target length = L) with dropout on, as in
-training.  Gradients are cleared outside the timed region; no optimizer step
+(batch ``cfg.batch``, source length = target length = L), dropout ``cfg.dropout``
+(0 by default, see benchmarks/README.md).  Gradients are cleared outside the timed region; no optimizer step
 (it costs the same for every scheme and would only dilute the ratios).
 """
 from __future__ import annotations
