@@ -117,6 +117,10 @@ def merge_masks(
         allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
     if key_padding_mask is not None:
         keep = ~key_padding_mask.bool()[:, None, None, :]
+        if q_pos is not None and k_pos is not None:
+            # self-attention: a (padding) query may always see itself, so that no row is fully
+            # masked (a fully masked row gives NaN, and NaN * 0 poisons the layers after it)
+            keep = keep | (k_pos[None, :] == q_pos[:, None])[None, None]
         allowed = keep if allowed is None else (allowed & keep)
     return allowed
 

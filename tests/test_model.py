@@ -163,3 +163,17 @@ def test_split_alibi_bias_hides_one_side_per_head():
     assert torch.isinf(bias[0][right]).all() and torch.isfinite(bias[0][~right]).all()
     assert torch.isinf(bias[1][left]).all() and torch.isfinite(bias[1][~left]).all()
     torch.testing.assert_close(bias[1, 0, 3], torch.tensor(-0.75))
+
+
+@pytest.mark.parametrize("options", [dict(pe="alibi", bidirectional="split"), dict(pe="none")])
+def test_padding_never_produces_nan(options):
+    m = small(**options)
+    src = torch.randint(3, V, (2, 8))
+    src[0, 5:] = 0
+    mask = src == 0
+    out = m(src, torch.randint(3, V, (2, 4)), src_key_padding_mask=mask)
+    assert torch.isfinite(out).all()
+    tgt = torch.randint(3, V, (1, 4))
+    unpadded = m(src[:1, :5], tgt)
+    padded = m(src[:1], tgt, src_key_padding_mask=mask[:1])
+    torch.testing.assert_close(padded, unpadded, atol=1e-5, rtol=1e-4)
