@@ -432,9 +432,15 @@ def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_ma
     import matplotlib.pyplot as plt
 
     colors = plt.get_cmap("viridis")(torch.linspace(0, 0.95, len(summary)).numpy())
-    for (pe, s), c in zip(summary.items(), colors):
-        ax.plot(s["lengths"], s["mean"], marker="o", ms=3, color=c, label=pe)
+    markers = "osD^vP*Xh<>"
+    for k, ((pe, s), c) in enumerate(zip(summary.items(), colors)):
+        ax.plot(s["lengths"], s["mean"], marker=markers[k % len(markers)], ms=4, color=c, label=pe,
+                ls="-" if k % 2 == 0 else "--")  # fmt: skip
         ax.fill_between(s["lengths"], s["min"], s["max"], color=c, alpha=0.15, lw=0)
+        cannot = [n for n, ok in zip(s["lengths"], s["representable"]) if not ok]
+        if cannot:
+            ax.scatter(cannot, [0.0] * len(cannot), marker="x", s=40, color="crimson", zorder=5,
+                       label=f"{pe}: cannot represent")  # fmt: skip
     ax.axvspan(0, train_max_len, color="0.85", zorder=0, label="training lengths")
     ax.set_xlabel("test sequence length (symbols)")
     ax.set_ylabel(metric.replace("_", " ") + " (fraction)")
