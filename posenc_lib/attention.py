@@ -211,14 +211,14 @@ class MultiHeadAttention(nn.Module):
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, scale=scale)
             probs = None
         else:
-            s = q @ k.transpose(-1, -2)
+            s = q @ k.transpose(-1, -2)  # a fresh tensor: the in-place steps below save allocations
             if extra is not None:
-                s = s + extra
-            s = s * scale
+                s.add_(extra)
+            s.mul_(scale)
             if bias is not None:
-                s = s + bias
+                s.add_(bias)
             if allowed is not None:
-                s = s.masked_fill(~allowed, float("-inf"))
+                s.masked_fill_(~allowed, float("-inf"))
             probs = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
             probs_d = F.dropout(probs, p_drop) if p_drop else probs
             out = probs_d @ v
