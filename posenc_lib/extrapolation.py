@@ -54,6 +54,18 @@ from .schemes import PE_TYPES, canonical_pe
 from .utils import atomic_write_json, check_choice, check_positive_int, set_seed
 
 PAD, BOS, EOS = 0, 1, 2
+#: extra runs beside PE_TYPES: name -> (scheme, options).  A symmetric ALiBi encoder cannot tell a
+#: sequence from its reversal (see posenc_lib/alibi.py), which decides the reversal task by itself;
+#: the split variant shows what ALiBi does once it knows left from right.
+VARIANTS: dict[str, tuple[str, dict]] = {"alibi-split": ("alibi", {"bidirectional": "split"})}
+RUN_ORDER: tuple[str, ...] = PE_TYPES + tuple(VARIANTS)
+
+
+def run_name(pe: str) -> str:
+    """A canonical scheme name, or a name from :data:`VARIANTS`."""
+    if isinstance(pe, str) and pe.strip().lower() in VARIANTS:
+        return pe.strip().lower()
+    return canonical_pe(pe)
 #: id of the first symbol; symbols are ``FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1``
 FIRST_SYMBOL = 3
 TASKS = ("reverse", "copy")
@@ -191,8 +203,11 @@ def num_threads(n: int):
 
 def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer:
     """The model for scheme ``pe``; a learned table gets exactly ``cfg.learned_max_len`` rows."""
-    pe = canonical_pe(pe)
-    extra = {"max_len": cfg.learned_max_len} if pe == "learned" else {}
+    name = run_name(pe)
+    pe, extra = VARIANTS.get(name, (name, {}))
+    extra = dict(extra)
+    if pe == "learned":
+        extra["max_len"] = cfg.learned_max_len
     return build_model(
         pe, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
         dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, pad_id=PAD, **extra,
@@ -217,7 +232,7 @@ def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True
     g = torch.Generator().manual_seed(seed)
     model.train()
     losses: list[float] = []
-    bar = tqdm(range(cfg.steps), desc=f"{canonical_pe(pe)} seed {seed}", disable=not progress, leave=False)
+    bar = tqdm(range(cfg.steps), desc=f"{run_name(pe)} seed {seed}", disable=not progress, leave=False)
     with num_threads(cfg.threads):
         _train_loop(model, opt, cfg, g, bar, losses, log_every)
     model.eval()
@@ -294,7 +309,7 @@ def _evaluate_length(model: Seq2SeqTransformer, cfg: ExtrapolationConfig, n: int
 
 # -- results on disk ------------------------------------------------------------------------------
 def result_path(out: str | Path, pe: str, seed: int) -> Path:
-    return Path(out) / f"{canonical_pe(pe)}_seed{seed}.json"
+    return Path(out) / f"{run_name(pe)}_seed{seed}.json"
 
 
 def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True) -> dict[str, Any]:
@@ -306,7 +321,7 @@ def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = Tr
     t2 = time.perf_counter()
     return {
         "schema": SCHEMA,
-        "pe": canonical_pe(pe),
+        "pe": run_name(pe),
         "seed": seed,
         "profile": cfg.name,
         "config": asdict(cfg),
@@ -353,7 +368,7 @@ def pending(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
     """
     todo = []
     want = json.loads(json.dumps(asdict(cfg)))
-    for pe in (canonical_pe(p) for p in pes):
+    for pe in (run_name(p) for p in pes):
         for seed in seeds:
             path = result_path(out, pe, seed)
             if path.exists():
@@ -395,7 +410,7 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
             futures = [pool.submit(_finish, pe, cfg, seed, out, False) for pe, seed in todo]
             for f in tqdm(as_completed(futures), total=len(futures), desc="models", disable=not progress):
                 log(f.result())
-    return [result_path(out, pe, s) for pe in (canonical_pe(p) for p in pes) for s in seeds]
+    return [result_path(out, pe, s) for pe in (run_name(p) for p in pes) for s in seeds]
 
 
 def load_results(out: str | Path) -> list[dict[str, Any]]:
@@ -406,7 +421,7 @@ def load_results(out: str | Path) -> list[dict[str, Any]]:
     recs = [json.loads(p.read_text()) for p in sorted(out.glob("*_seed*.json"))]
     for r in recs:
         check_record(r)
-    return sorted(recs, key=lambda r: (PE_TYPES.index(r["pe"]), r["seed"]))
+    return sorted(recs, key=lambda r: (RUN_ORDER.index(r["pe"]), r["seed"]))
 
 
 def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") -> dict[str, dict[str, list]]:
@@ -489,7 +504,7 @@ def parse_list(text: str, what: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m posenc_lib.extrapolation", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
-    p.add_argument("--pe", default="all", help="'all' or comma-separated schemes from " + ", ".join(PE_TYPES))
+    p.add_argument("--pe", default="all", help="'all' or comma-separated names from " + ", ".join(RUN_ORDER))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--out", default="results/extrapolation")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes); default 1")
@@ -497,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     try:
-        pes = list(PE_TYPES) if a.pe.strip().lower() == "all" else [canonical_pe(x) for x in parse_list(a.pe, "--pe")]
+        pes = list(RUN_ORDER) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
         seeds = []
         for s in parse_list(a.seeds, "--seeds"):
             try:

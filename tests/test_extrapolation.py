@@ -166,3 +166,13 @@ def test_bleu_by_source_length_buckets():
         ex.bleu_by_source_length(hyps, refs, [1, 2, 3, 4], [0, 10, 5])
     with pytest.raises(ValueError, match="differ in length"):
         ex.bleu_by_source_length(hyps, refs[:2], [1, 2, 3, 4], [0, 10])
+
+
+def test_alibi_split_variant_is_a_run_of_its_own():
+    from posenc_lib import extrapolation as ex
+
+    assert ex.run_name("alibi-split") == "alibi-split" and ex.run_name("sinpe") == "sinusoidal"
+    cfg = ex.PROFILES["smoke"]
+    model = ex.make_model("alibi-split", cfg)
+    assert model.enc_pos.bidirectional == "split" and model.pe == "alibi"
+    assert ex.RUN_ORDER[-1] == "alibi-split" and ex.result_path("o", "alibi-split", 1).name == "alibi-split_seed1.json"
