@@ -20,12 +20,9 @@ Translation).  Used by ``python -m posenc_lib.wmt14`` and notebooks/12.
 from __future__ import annotations
 
 import gzip
-import logging
 import lzma
 import os
 from pathlib import Path
-
-log = logging.getLogger("posenc_lib.wmt14")
 
 #: the shipped data directory (repository root / data / wmt14-fr-en)
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "wmt14-fr-en"
@@ -122,21 +119,27 @@ def load_wmt14(
     """
     if source not in ("auto", "hub", "files"):
         raise ValueError(f"unknown data source {source!r}; valid choices: 'auto', 'hub', 'files'")
-    splits, where = None, None
-    if source == "hub" or (source == "auto" and data_dir is None and hub_available()):
+    splits, where, why = None, None, ""
+    if source == "files":
+        why = " (--source files)"
+    elif source == "auto" and data_dir is not None:
+        why = " (--data-dir given)"
+    elif source == "auto" and not hub_available():
+        why = " (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE set: hub not tried)"
+    else:
         try:
             splits = _load_hub(max_train or 1_000_000)
             where = "Hugging Face hub: datasets.load_dataset('wmt14', 'fr-en') (streamed train subset)"
         except Exception as err:  # the hub is unreachable or the dataset moved
             if source == "hub":
                 raise ConnectionError(f"could not load wmt14 fr-en from the Hugging Face hub: {err}") from err
-            log.info("hub unreachable (%s); using local files", type(err).__name__)
+            why = f" (Hugging Face hub unreachable: {type(err).__name__})"
     if splits is None:
         data_dir = Path(data_dir) if data_dir is not None else SHIPPED_DIR
         if not data_dir.is_dir():
             raise FileNotFoundError(f"data directory {data_dir} does not exist")
         splits = {s: read_parallel(data_dir, s, max_train if s == "train" else None) for s in SPLITS[:3]}
-        where = f"local files in {data_dir}"
+        where = f"local files in {data_dir}{why}"
     hdir = data_dir if data_dir is not None and any(Path(data_dir).glob("heldout.fr*")) else SHIPPED_DIR
     splits["heldout"] = read_parallel(hdir, "heldout")
     n_raw = len(splits["train"][0])

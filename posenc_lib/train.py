@@ -95,7 +95,7 @@ PROFILES: dict[str, Profile] = {
     # One GPU (H100 class), bf16: larger model, longer sentences; four models + evaluation in ~20 min.
     "gpu": Profile(
         name="gpu", d_model=256, n_heads=8, num_layers=4, num_decoder_layers=4, dim_feedforward=1024,
-        vocab_size=16000, max_tokens=64, batch_tokens=12000, lr=1e-3, warmup=800, max_steps=6000, bf16=True,
+        vocab_size=16000, max_tokens=64, batch_tokens=12000, lr=1e-3, warmup=600, max_steps=4000, bf16=True,
         log_every=100, val_every=500, val_pairs=500, ckpt_every=500,
     ),
 }  # fmt: skip

@@ -230,6 +230,7 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
                 h = res["tests"]["heldout"]
                 log(f"{model_dir.name}: in-domain BLEU {h['bleu']:.2f} chrF {h['chrf']:.2f} "
                     f"(shuffled source BLEU {h['shuffled_source']['bleu']:.2f})")
+                collect_results(run_dir, pes, seeds, bert_spec=bert_spec, direction=direction)  # usable at once
             barrier()
     if rank != 0:
         return None
@@ -244,18 +245,17 @@ def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -
     run_dir = Path(run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     data = torch.load(run_dir / f"data-{direction}.pt", weights_only=False)
-    models = {pe: {} for pe in pes}
-    for pe in pes:
-        for seed in seeds:
-            p = run_dir / f"{pe}-seed{seed}" / "result.json"
-            if p.is_file():
-                models[pe][str(seed)] = json.loads(p.read_text())
+    models = {}  # every finished model in the folder, schemes in the course's order, then by seed
+    found = [json.loads(p.read_text()) for p in run_dir.glob("*-seed*/result.json")]
+    rank = {pe: i for i, pe in enumerate(list(pes) + [p for p in PE_TYPES if p not in pes])}
+    for r in sorted(found, key=lambda r: (rank.get(r["pe"], 99), r["seed"])):
+        models.setdefault(r["pe"], {})[str(r["seed"])] = r
     results = {"config": config, "data": data["stats"],
                "bertscore": {"model": bert_spec["name"], "num_layers": bert_spec.get("num_layers", "package default")}
                if bert_spec else None, "models": models,
                "paired_bootstrap": {}}
     seed = str(seeds[0])
-    done = [pe for pe in pes if seed in models[pe]]
+    done = [pe for pe in models if seed in models[pe]]
     if len(done) > 1:
         for name in ("heldout", "newstest2014"):
             hyps = {pe: (run_dir / f"{pe}-seed{seed}" / f"hyp.{name}.txt").read_text().split("\n")[:-1] for pe in done}
