@@ -166,7 +166,7 @@ class MultiHeadAttention(nn.Module):
         Returns ``(batch, q_len, d_model)``, and the attention weights if ``need_weights``.
         """
         b, q_len, _ = x.shape
-        need_weights = need_weights or self.keep_weights
+        want_weights = need_weights or self.keep_weights
         q = self.split(self.q_proj(x))
         if kv is None:  # self-attention
             k, v = self.split(self.k_proj(x)), self.split(self.v_proj(x))
@@ -199,7 +199,7 @@ class MultiHeadAttention(nn.Module):
         p_drop = self.dropout if self.training else 0.0
 
         use_value_hook = pos is not None and type(pos).values is not PositionScheme.values
-        if extra is None and not use_value_hook and not need_weights:
+        if extra is None and not use_value_hook and not want_weights:
             mask = allowed
             if bias is not None:
                 mask = bias.to(q.dtype)

@@ -177,3 +177,18 @@ def test_padding_never_produces_nan(options):
     unpadded = m(src[:1, :5], tgt)
     padded = m(src[:1], tgt, src_key_padding_mask=mask[:1])
     torch.testing.assert_close(padded, unpadded, atol=1e-5, rtol=1e-4)
+
+
+def test_keep_weights_stores_attention_maps_without_changing_outputs():
+    m = small("rope")
+    src, tgt = torch.randint(3, V, (2, 6)), torch.randint(3, V, (2, 4))
+    with torch.no_grad():
+        before = m(src, tgt)
+        for _, attn in m.attention_layers():
+            attn.keep_weights = True
+        after = m(src, tgt)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-4)
+    w = m.decoder[0].self_attn.last_weights
+    assert w.shape == (2, 4, 4, 4)
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 4))
+    assert torch.all(w.triu(1) == 0)  # causal
