@@ -73,6 +73,18 @@ def apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in
     return out.to(x.dtype)
 
 
+def _checked_positions(x: torch.Tensor, positions: torch.Tensor | None):
+    """Validate ``x (..., seq, head_dim)`` and ``positions``; returns ``seq, head_dim, positions``."""
+    check_float_tensor("x", x)
+    seq, head_dim = x.shape[-2], x.shape[-1]
+    check_even("head_dim", head_dim)
+    if positions is None:
+        positions = torch.arange(seq, device=x.device)
+    if positions.dim() != 1 or positions.shape[0] != seq:
+        raise ValueError(f"positions must be 1-D with length seq={seq}, got shape {tuple(positions.shape)}")
+    return seq, head_dim, positions.to(x.device)
+
+
 def apply_rope(
     x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0, interleaved: bool = True
 ) -> torch.Tensor:
@@ -81,26 +93,14 @@ def apply_rope(
     ``positions``: 1-D tensor of absolute positions, length ``seq`` (default
     ``arange(seq)``); pass ``arange(offset, offset + seq)`` for cached decoding.
     """
-    check_float_tensor("x", x)
-    seq, head_dim = x.shape[-2], x.shape[-1]
-    check_even("head_dim", head_dim)
-    if positions is None:
-        positions = torch.arange(seq, device=x.device)
-    if positions.dim() != 1 or positions.shape[0] != seq:
-        raise ValueError(f"positions must be 1-D with length seq={seq}, got shape {tuple(positions.shape)}")
-    cos, sin = rope_cos_sin(positions.to(x.device), head_dim, base, interleaved)
+    seq, head_dim, positions = _checked_positions(x, positions)
+    cos, sin = rope_cos_sin(positions, head_dim, base, interleaved)
     return apply_rope_cos_sin(x, cos, sin, interleaved)
 
 
 def apply_rope_complex(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0) -> torch.Tensor:
     """The paper's complex form with ``torch.polar`` (interleaved pairing); for teaching and tests."""
-    check_float_tensor("x", x)
-    seq, head_dim = x.shape[-2], x.shape[-1]
-    check_even("head_dim", head_dim)
-    if positions is None:
-        positions = torch.arange(seq, device=x.device)
-    if positions.dim() != 1 or positions.shape[0] != seq:
-        raise ValueError(f"positions must be 1-D with length seq={seq}, got shape {tuple(positions.shape)}")
+    seq, head_dim, positions = _checked_positions(x, positions)
     rot = torch.polar(torch.ones(seq, head_dim // 2, device=x.device), rope_angles(positions, head_dim, base))
     xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], head_dim // 2, 2).contiguous())
     return torch.view_as_real(xc * rot).flatten(-2).to(x.dtype)
