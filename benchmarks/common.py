@@ -132,9 +132,12 @@ def make_model(pe: str, cfg: BenchConfig, seed: int = 0) -> torch.nn.Module:
     """The benchmark model for scheme ``pe`` (``shaw_naive`` swaps in :class:`ShawNaive`)."""
     set_seed(seed)
     base = "shaw" if pe == NAIVE_SHAW else pe
+    # a learned table needs a row for every position the suite uses
+    longest = max((*cfg.lengths, cfg.memory_length, cfg.decode_src_len, cfg.decode_new_tokens + 1))
+    extra = {"max_len": longest} if base == "learned" else {}
     model = build_model(
         base, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
-        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout,
+        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, **extra,
     )  # fmt: skip
     if pe == NAIVE_SHAW:
         for stack in ("enc_pos", "dec_pos"):

@@ -80,3 +80,17 @@ def test_bad_arguments_are_rejected():
         main(["--quick", "--schemes", "nonsense", "--quiet"])
     with pytest.raises(SystemExit):
         main(["--quick", "--only", "speed", "--quiet"])
+
+
+def test_learned_table_covers_the_longest_benchmark_length():
+    from dataclasses import replace
+
+    import torch
+
+    from benchmarks.common import BenchConfig, make_model
+
+    cfg = replace(BenchConfig(), d_model=16, n_heads=2, num_layers=1, dim_feedforward=16, vocab_size=50,
+                  lengths=(700,), memory_length=700)
+    model = make_model("learned", cfg)
+    with torch.no_grad():
+        model.encode(torch.ones(1, 700, dtype=torch.long))
