@@ -3,7 +3,7 @@
 A fresh Python process per scheme (``python -m benchmarks.memory --worker``)
 builds the model, makes the batch at length ``cfg.memory_length``, records its
 resident memory, runs two training steps (forward + backward) and reports the
-peak resident set size (``ru_maxrss``; on CUDA, ``torch.cuda.max_memory_allocated``).
+peak resident set size (Linux ``VmHWM``; on CUDA, ``torch.cuda.max_memory_allocated``).
 
 Two figures per scheme:
 
@@ -32,7 +32,19 @@ def _rss_mb() -> float:
 
 
 def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+    """Peak resident set of this process's own address space (Linux ``VmHWM``).
+
+    Not ``getrusage(...).ru_maxrss``: Linux keeps that figure across ``fork`` and
+    ``execve``, so a worker started by a large parent would report the parent's peak.
+    """
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # other systems: kilobytes
 
 
 def worker(pe: str, cfg: BenchConfig, threads: int) -> dict:
@@ -69,7 +81,7 @@ def bench_memory(schemes: tuple[str, ...], cfg: BenchConfig, threads: int, quiet
     out: dict = {
         "what": "peak memory of two training steps (MiB), one process per scheme",
         "length": cfg.memory_length,
-        "measure": "torch.cuda.max_memory_allocated" if cfg.device.startswith("cuda") else "ru_maxrss",
+        "measure": "torch.cuda.max_memory_allocated" if cfg.device.startswith("cuda") else "VmHWM",
         "schemes": {},
     }
     env = dict(os.environ)

@@ -94,3 +94,17 @@ def test_learned_table_covers_the_longest_benchmark_length():
     model = make_model("learned", cfg)
     with torch.no_grad():
         model.encode(torch.ones(1, 700, dtype=torch.long))
+
+
+def test_worker_peak_memory_is_its_own_not_the_parents():
+    """ru_maxrss survives fork+exec on Linux; the worker must report its own peak (VmHWM)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ballast = b"\x01" * (1536 * 2**20)  # the parent touches 1.5 GiB before starting the worker
+    code = "from benchmarks.memory import _peak_rss_mb; print(_peak_rss_mb())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    del ballast
+    assert float(out.stdout.strip()) < 1200, out.stdout
