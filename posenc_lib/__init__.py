@@ -5,23 +5,24 @@ that the notebooks, tests, benchmarks and experiments import.
 """
 from .absolute import (
     LearnedPositionalEmbedding,
+    LearnedScheme,
     binary_positions,
     hierarchical_positions,
     integer_positions,
     normalized_positions,
 )
-from .alibi import alibi_bias, alibi_slopes
+from .alibi import ALiBi, alibi_bias, alibi_slopes
 from .attention import MultiHeadAttention, PositionScheme
 from .decoding import greedy_decode
-from .deberta import deberta_log_bucket, disentangled_scores
+from .deberta import DebertaDisentangled, deberta_log_bucket, disentangled_scores
 from .model import Seq2SeqTransformer, build_model
-from .rotary import apply_rope, apply_rope_complex, rotate_half, rope_cos_sin
+from .rotary import RotaryScheme, apply_rope, apply_rope_complex, rope_cos_sin, rotate_half
 from .schemes import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
-from .shaw import shaw_key_scores, shaw_value_term
-from .sinusoidal import sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
-from .t5 import t5_relative_bucket
+from .shaw import ShawRelative, shaw_key_scores, shaw_value_term
+from .sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
+from .t5 import T5Bias, t5_relative_bucket
 from .utils import set_seed
-from .xlnet import rel_shift, xlnet_sinusoid
+from .xlnet import XLNetRelative, rel_shift, xlnet_sinusoid
 
 __all__ = [
     "PE_TYPES", "PE_ALIASES", "PAPERS", "build_model", "Seq2SeqTransformer", "MultiHeadAttention",
@@ -30,5 +31,6 @@ __all__ = [
     "hierarchical_positions", "sinusoidal_table", "sinusoidal_table_2d", "sinusoidal_shift_matrix",
     "apply_rope", "apply_rope_complex", "rotate_half", "rope_cos_sin", "t5_relative_bucket",
     "deberta_log_bucket", "disentangled_scores", "alibi_slopes", "alibi_bias", "shaw_key_scores",
-    "shaw_value_term", "rel_shift", "xlnet_sinusoid",
+    "shaw_value_term", "rel_shift", "xlnet_sinusoid", "SinusoidalScheme", "LearnedScheme", "ShawRelative",
+    "RotaryScheme", "T5Bias", "XLNetRelative", "DebertaDisentangled", "ALiBi",
 ]  # fmt: skip
