@@ -17,6 +17,7 @@ position information at all.  Taught in notebooks/12_wmt14_four_way.ipynb.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -77,7 +78,11 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
         keep = [i for i in range(len(src)) if 0 < len(src[i]) <= prof.max_tokens and 0 < len(tgt[i]) <= prof.max_tokens]
         d_src = tok.encode(splits["newstest2013"][pick[src_lang]])
         d_tgt = tok.encode(splits["newstest2013"][pick[tgt_lang]])
-        ok = [i for i in range(len(d_src)) if len(d_src[i]) <= 127 and len(d_tgt[i]) <= 127]
+        # validation pairs come from the training length range, so the curve tracks learning rather
+        # than length extrapolation (lesson 12 scores longer sentences separately, by length bucket)
+        ok = [i for i in range(len(d_src)) if 0 < len(d_src[i]) <= prof.max_tokens and 0 < len(d_tgt[i]) <= prof.max_tokens]
+        if not ok:
+            raise ValueError(f"no newstest2013 pair has <= max_tokens={prof.max_tokens} tokens on both sides")
         dev_idx = sorted(random.Random(0).sample(ok, min(prof.val_pairs, len(ok))))
         data = {
             "train": {"src": [src[i] for i in keep], "tgt": [tgt[i] for i in keep]},
@@ -202,8 +207,9 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
     tgt_lang = direction.split("-")[1]
     if rank == 0:
         for name in ("heldout", "newstest2014"):
-            refs = splits[name][1 if tgt_lang == "en" else 0][: prof.eval_limit]
-            atomic_write_text(run_dir / f"ref.{name}.txt", "".join(r + "\n" for r in refs))
+            srcs, refs = splits[name][::-1] if tgt_lang == "fr" else splits[name]
+            atomic_write_text(run_dir / f"src.{name}.txt", "".join(r + "\n" for r in srcs[: prof.eval_limit]))
+            atomic_write_text(run_dir / f"ref.{name}.txt", "".join(r + "\n" for r in refs[: prof.eval_limit]))
     online = source != "files" and data["stats"]["source"].startswith("Hugging Face")
     bert_spec = bertscore_model(tgt_lang, online) if prof.bertscore else None
     if prof.bertscore and bert_spec is None:
@@ -256,14 +262,60 @@ def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -
                "paired_bootstrap": {}}
     seed = str(seeds[0])
     done = [pe for pe in models if seed in models[pe]]
-    if len(done) > 1:
+    n = config["profile"]["bootstrap_samples"]
+    digest = hashlib.sha256(repr(n).encode())  # the test's inputs: its systems, their outputs, its samples
+    for pe in done:
+        digest.update(pe.encode())
+        for name in ("heldout", "newstest2014"):
+            digest.update((run_dir / f"{pe}-seed{seed}" / f"hyp.{name}.txt").read_bytes())
+    results["paired_bootstrap_inputs"] = digest.hexdigest()
+    old = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").is_file() else {}
+    if len(done) > 1 and old.get("paired_bootstrap_inputs") == results["paired_bootstrap_inputs"]:
+        results["paired_bootstrap"] = old["paired_bootstrap"]  # same inputs as last time: not repeated
+    elif len(done) > 1:
         for name in ("heldout", "newstest2014"):
             hyps = {pe: (run_dir / f"{pe}-seed{seed}" / f"hyp.{name}.txt").read_text().split("\n")[:-1] for pe in done}
             refs = (run_dir / f"ref.{name}.txt").read_text().split("\n")[:-1]
-            n = config["profile"]["bootstrap_samples"]
             results["paired_bootstrap"][name] = paired_bootstrap(hyps, refs, n_samples=n)
     atomic_write_json(run_dir / "results.json", results)
     return results
+
+
+def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61), seed: int | str | None = None,
+                   ) -> dict[str, list[dict]]:  # fmt: skip
+    """BLEU and chrF per bucket of source length (in the run's own subword tokens), per scheme.
+
+    Reads ``src.TEST.txt``, ``ref.TEST.txt``, ``tokenizer.json`` and each model's ``hyp.TEST.txt``
+    from ``run_dir``; ``seed`` picks one seed (default: the first one of each scheme).  Buckets
+    starting beyond the training length limit (``max_tokens``) are marked ``beyond_training``.
+    """
+    from .extrapolation import bleu_by_source_length
+    from .tokenizer import load_bpe, load_mbert
+
+    check_choice("test", test, ("heldout", "newstest2014"))
+    run_dir = Path(run_dir)
+    need = [run_dir / f"src.{test}.txt", run_dir / f"ref.{test}.txt", run_dir / "results.json"]
+    missing = [str(p) for p in need if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.wmt14)")
+    results = json.loads((run_dir / "results.json").read_text())
+    if results["config"]["profile"]["tokenizer"] == "mbert":
+        where = results["config"]["tokenizer_source"]
+        tok = load_mbert(None if where == "mbert" else where)
+    else:
+        tok = load_bpe(run_dir / "tokenizer.json")
+    src = (run_dir / f"src.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    ref = (run_dir / f"ref.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    lengths = [len(ids) for ids in tok.encode(src)]
+    max_tokens = results["config"]["profile"]["max_tokens"]
+    out = {}
+    for pe, by_seed in results["models"].items():
+        key = str(seed) if seed is not None else next(iter(by_seed))
+        if key not in by_seed:
+            continue
+        hyp = (run_dir / f"{pe}-seed{key}" / f"hyp.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        out[pe] = bleu_by_source_length(hyp, ref, lengths, edges, train_max_len=max_tokens)
+    return out
 
 
 # -- summaries and figures -------------------------------------------------------------------------

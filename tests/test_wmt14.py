@@ -12,7 +12,7 @@ from posenc_lib import PE_TYPES, build_model, greedy_decode
 from posenc_lib.beam import beam_search
 from posenc_lib.data import load_wmt14, read_parallel
 from posenc_lib.train import get_profile, lr_at, make_batches
-from posenc_lib.wmt14 import main, parse_pes, prepare_data, run
+from posenc_lib.wmt14 import bleu_by_length, main, parse_pes, prepare_data, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,6 +72,16 @@ def test_smoke_end_to_end(tmp_path):
     assert (pb["baseline"], pb["system"]) == ("none", "rope") and 0 <= pb["bleu_p"] <= 1
     assert (tmp_path / "run" / "figures" / "bleu.png").is_file()
     assert res["models"]["none"]["0"]["tests"]["heldout"]["sentences"] == 6
+    # the run keeps its test sources, so BLEU by source length can be computed afterwards
+    src = (tmp_path / "run" / "src.newstest2014.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert src == read_parallel(tmp_path / "data", "newstest2014", 6)[0]
+    by_len = bleu_by_length(tmp_path / "run", "newstest2014", edges=[1, 20, 31])
+    assert by_len.keys() == {"none", "rope"}
+    rows = by_len["rope"]
+    assert sum(row["sentences"] for row in rows) == 6
+    assert all((row["min_len"] > prof.max_tokens) == row["beyond_training"] for row in rows)
+    with pytest.raises(ValueError, match="valid choices"):
+        bleu_by_length(tmp_path / "run", "newstest2013")
     # a finished model is skipped on rerun: its result file is not rewritten
     mtime = (tmp_path / "run" / "rope-seed0" / "result.json").stat().st_mtime_ns
     run(prof, ["rope"], [0], tmp_path / "run", data_dir=tmp_path / "data", source="files", progress=False,
