@@ -338,9 +338,9 @@ def summarize(results: dict, test: str = "heldout", metric: str = "bleu") -> dic
 
 def plot_curves(ax, results: dict, x: str = "step") -> None:
     """Validation loss against ``x`` (``step`` or ``wall_s``), one line per scheme and seed."""
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
-    colors = plt.get_cmap("viridis")
+    colors = colormaps["viridis"]
     pes = list(results["models"])
     for k, pe in enumerate(pes):
         for j, (seed, r) in enumerate(sorted(results["models"][pe].items())):
@@ -355,11 +355,11 @@ def plot_curves(ax, results: dict, x: str = "step") -> None:
 
 def plot_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu") -> None:
     """Mean +- std over seeds of one metric per scheme."""
-    import matplotlib.pyplot as plt
+    from matplotlib import colormaps
 
     summ = summarize(results, test, metric)
     pes = list(summ)
-    colors = plt.get_cmap("viridis")
+    colors = colormaps["viridis"]
     ax.bar(pes, [summ[p][0] for p in pes], yerr=[summ[p][1] for p in pes], capsize=4,
            color=[colors(k / max(len(pes) - 1, 1) * 0.9) for k in range(len(pes))])
     label = {"bleu": "BLEU", "chrf": "chrF", "bertscore_f1": "BERTScore F1", "shuffled": "BLEU, shuffled source"}[metric]
@@ -369,25 +369,23 @@ def plot_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu") ->
 
 
 def save_figures(results: dict, fig_dir) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    """The run's figures as PNG files. Uses ``Figure`` objects, not pyplot, so that calling it from a
+    notebook neither switches the notebook's plotting backend nor leaves figures open there."""
+    from matplotlib.figure import Figure
 
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
     for x in ("step", "wall_s"):
-        fig, ax = plt.subplots()
-        plot_curves(ax, results, x)
+        fig = Figure()
+        plot_curves(fig.subplots(), results, x)
         fig.savefig(fig_dir / f"val_loss_vs_{x}.png", bbox_inches="tight")
-        plt.close(fig)
     for metric in ("bleu", "chrf", "bertscore_f1", "shuffled"):
         tests = ("heldout",) if metric == "shuffled" else ("heldout", "newstest2014")
-        fig, axes = plt.subplots(1, len(tests), figsize=(5 * len(tests), 3.5), squeeze=False)
+        fig = Figure(figsize=(5 * len(tests), 3.5))
+        axes = fig.subplots(1, len(tests), squeeze=False)
         for ax, test in zip(axes[0], tests):
             plot_bars(ax, results, test, metric)
         fig.savefig(fig_dir / f"{metric}.png", bbox_inches="tight")
-        plt.close(fig)
 
 
 # -- command line ----------------------------------------------------------------------------------

@@ -167,3 +167,22 @@ def test_bad_inputs_give_clear_errors(tmp_path):
         load_wmt14(tmp_path / "nowhere", source="files")
     with pytest.raises(ValueError, match="unknown direction 'de-en'"):
         prepare_data(prof, tmp_path / "r", direction="de-en", data_dir=d, source="files")
+
+
+def test_save_figures_leaves_the_plotting_backend_alone(tmp_path):
+    """Called from a notebook, the figure writer must not switch the notebook's backend (figures vanish)."""
+    import matplotlib
+
+    from posenc_lib.wmt14 import save_figures
+
+    results = json.loads((ROOT / "results" / "wmt14-cpu" / "results.json").read_text())
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        save_figures(results, tmp_path / "figures")
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    names = {p.name for p in (tmp_path / "figures").iterdir()}
+    assert names == {"val_loss_vs_step.png", "val_loss_vs_wall_s.png", "bleu.png", "chrf.png", "bertscore_f1.png",
+                     "shuffled.png"}
