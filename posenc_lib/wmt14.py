@@ -290,7 +290,6 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     starting beyond the training length limit (``max_tokens``) are marked ``beyond_training``.
     """
     from .extrapolation import bleu_by_source_length
-    from .tokenizer import load_bpe, load_mbert
 
     check_choice("test", test, ("heldout", "newstest2014"))
     run_dir = Path(run_dir)
@@ -299,11 +298,8 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     if missing:
         raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.wmt14)")
     results = json.loads((run_dir / "results.json").read_text())
-    if results["config"]["profile"]["tokenizer"] == "mbert":
-        where = results["config"]["tokenizer_source"]
-        tok = load_mbert(None if where == "mbert" else where)
-    else:
-        tok = load_bpe(run_dir / "tokenizer.json")
+    kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
+    tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
     src = (run_dir / f"src.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
     ref = (run_dir / f"ref.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
     lengths = [len(ids) for ids in tok.encode(src)]
@@ -336,16 +332,33 @@ def summarize(results: dict, test: str = "heldout", metric: str = "bleu") -> dic
     return out
 
 
-def plot_curves(ax, results: dict, x: str = "step") -> None:
-    """Validation loss against ``x`` (``step`` or ``wall_s``), one line per scheme and seed."""
+def scheme_color(k: int, n: int):
+    """The colour of the k-th of n schemes, the same in every figure of the run."""
     from matplotlib import colormaps
 
-    colors = colormaps["viridis"]
+    return colormaps["viridis"](k / max(n - 1, 1) * 0.9)
+
+
+def plot_bleu_by_length(ax, rows_by_pe: dict[str, list[dict]], test: str) -> None:
+    """BLEU per source-length bucket (``bleu_by_length`` output), buckets beyond training shaded."""
+    for k, (pe, rows) in enumerate(rows_by_pe.items()):
+        ax.plot(range(len(rows)), [r["bleu"] for r in rows], marker="o", label=pe, color=scheme_color(k, len(rows_by_pe)))
+    rows = next(iter(rows_by_pe.values()))
+    ax.set_xticks(range(len(rows)), [f"{r['bucket']}\n({r['sentences']} sent.)" for r in rows])
+    beyond = [k for k, r in enumerate(rows) if r["beyond_training"]]
+    if beyond:
+        ax.axvspan(beyond[0] - 0.5, len(rows) - 0.5, color="grey", alpha=0.15, label="longer than training")
+    ax.set(xlabel="source length (subword tokens)", ylabel="BLEU", title=f"BLEU by source length: {test}")
+    ax.legend()
+
+
+def plot_curves(ax, results: dict, x: str = "step") -> None:
+    """Validation loss against ``x`` (``step`` or ``wall_s``), one line per scheme and seed."""
     pes = list(results["models"])
     for k, pe in enumerate(pes):
         for j, (seed, r) in enumerate(sorted(results["models"][pe].items())):
             pts = [(row[x], row["val_loss"]) for row in r["curve"] if row["val_loss"] is not None]
-            ax.plot(*zip(*pts), color=colors(k / max(len(pes) - 1, 1) * 0.9), ls="-" if j == 0 else "--",
+            ax.plot(*zip(*pts), color=scheme_color(k, len(pes)), ls="-" if j == 0 else "--",
                     label=pe if j == 0 else None, marker=".")
     ax.set_xlabel("update" if x == "step" else "training wall time (s)")
     ax.set_ylabel("dev NLL per target token (nats)")
@@ -355,13 +368,10 @@ def plot_curves(ax, results: dict, x: str = "step") -> None:
 
 def plot_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu") -> None:
     """Mean +- std over seeds of one metric per scheme."""
-    from matplotlib import colormaps
-
     summ = summarize(results, test, metric)
     pes = list(summ)
-    colors = colormaps["viridis"]
     ax.bar(pes, [summ[p][0] for p in pes], yerr=[summ[p][1] for p in pes], capsize=4,
-           color=[colors(k / max(len(pes) - 1, 1) * 0.9) for k in range(len(pes))])
+           color=[scheme_color(k, len(pes)) for k in range(len(pes))])
     label = {"bleu": "BLEU", "chrf": "chrF", "bertscore_f1": "BERTScore F1", "shuffled": "BLEU, shuffled source"}[metric]
     ax.set_ylabel(label + (" (0-1)" if metric == "bertscore_f1" else " (0-100)"))
     ax.set_xlabel("positional encoding")

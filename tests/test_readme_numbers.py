@@ -56,3 +56,25 @@ def test_readme_wmt14_table_matches_results():
             assert shown[0] == round(mean, nd), (pe, test, metric, cell, mean)
             if n > 1:
                 assert shown[1] == round(std, nd), (pe, test, metric, cell, std)
+
+
+def test_readme_wmt14_prose_matches_results():
+    """The sentences under the README's WMT14 table quote results.json too."""
+    results = json.loads(WMT14.read_text())
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("### Lesson 12 results", 1)[1].split("\n#", 1)[0]
+    section = " ".join(section.split())
+    models = results["models"]
+    aware = [pe for pe in models if pe != "none"]
+    minutes = sum(r["wall_s"] for m in models.values() for r in m.values()) / 60
+    assert f"({round(minutes)} minutes for all eight)" in section
+    drops = [r["tests"]["heldout"]["bleu"] - r["tests"]["heldout"]["shuffled_source"]["bleu"]
+             for pe in aware for r in models[pe].values()]
+    assert f"costs each of them {min(drops):.1f}–{max(drops):.1f} BLEU" in section
+    assert all(r["tests"]["heldout"]["bleu"] == r["tests"]["heldout"]["shuffled_source"]["bleu"]
+               for r in models["none"].values())  # "while `none` does not move"
+    means = [sum(r["tests"]["heldout"]["bleu"] for r in models[pe].values()) / len(models[pe]) for pe in aware]
+    assert "within 0.3 BLEU" in section and max(means) - min(means) <= 0.3
+    none_rows = [r for r in results["paired_bootstrap"]["heldout"] if r["baseline"] == "none"]
+    assert "p ≤ 0.001 on seed 0" in section and len(none_rows) == 3 and all(r["bleu_p"] <= 0.001 for r in none_rows)
+    worst_aware = min(r["tests"]["heldout"]["bleu"] for pe in aware for r in models[pe].values())
+    assert worst_aware > max(r["tests"]["heldout"]["bleu"] for r in models["none"].values())  # "for every seed"
