@@ -22,7 +22,10 @@ from __future__ import annotations
 import gzip
 import lzma
 import os
+import zlib
 from pathlib import Path
+
+from .utils import check_positive_int
 
 #: the shipped data directory (repository root / data / wmt14-fr-en)
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "wmt14-fr-en"
@@ -43,28 +46,67 @@ def find_file(data_dir: str | os.PathLike, name: str) -> Path:
     )
 
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 text file (plain, .xz or .gz), without line ends; empty lines are errors."""
-    path = Path(path)
+def _raw_bytes(path: Path) -> bytes:
+    """The decompressed bytes of ``path``; a damaged ``.xz``/``.gz`` file raises ``ValueError`` naming it."""
     opener = {".xz": lzma.open, ".gz": gzip.open}.get(path.suffix, open)
-    with opener(path, "rt", encoding="utf-8", newline="\n") as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
+    try:
+        with opener(path, "rb") as f:
+            return f.read()
+    except (EOFError, lzma.LZMAError, gzip.BadGzipFile, zlib.error) as err:
+        kind = path.suffix.lstrip(".")
+        raise ValueError(
+            f"{path}: damaged {kind} file ({err}); it was probably cut off while downloading or copying: "
+            f"re-create it, e.g. copy it again or compress the plain text with `{'xz' if kind == 'xz' else 'gzip'} -k`"
+        ) from None
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a UTF-8 text file (plain, .xz or .gz), without line ends.
+
+    Every problem is a ``ValueError`` naming the file (and the line where there is
+    one): a damaged compressed file, bytes that are not UTF-8, an empty file, an
+    empty or blank line.  A missing file raises ``FileNotFoundError``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"missing data file {path}")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a file (a data file holds one sentence per line)")
+    raw = _raw_bytes(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}, line {line}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} at offset {err.start}); "
+            "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first sentence
+    if not text.strip():
+        raise ValueError(f"{path} is empty (expected one sentence per line)")
+    lines = text.split("\n")
+    if lines[-1] == "":
         lines.pop()
     for i, line in enumerate(lines):
         if not line.strip():
-            raise ValueError(f"{path}, line {i + 1}: empty line (every line must hold one sentence)")
+            raise ValueError(
+                f"{path}, line {i + 1}: empty line (every line must hold one sentence; "
+                "remove the line together with the same line of the other language)"
+            )
     return [line.rstrip("\r") for line in lines]
 
 
 def read_parallel(data_dir: str | os.PathLike, split: str, limit: int | None = None) -> tuple[list[str], list[str]]:
     """``(fr_lines, en_lines)`` of ``split``; ``ValueError`` if the two files differ in length."""
+    if limit is not None:
+        limit = check_positive_int("limit", limit)
     paths = [find_file(data_dir, f"{split}.{lang}") for lang in LANGS]
     fr, en = (read_lines(p) for p in paths)
     if len(fr) != len(en):
+        longer = paths[0] if len(fr) > len(en) else paths[1]
         raise ValueError(
-            f"{paths[0]} has {len(fr)} lines but {paths[1]} has {len(en)}: "
-            "the two sides of a split must be line-aligned"
+            f"{paths[0]} has {len(fr)} lines but {paths[1]} has {len(en)}: the two sides of a split must be "
+            f"line-aligned (line {min(len(fr), len(en)) + 1} of {longer} has no translation)"
         )
     return (fr[:limit], en[:limit]) if limit else (fr, en)
 
@@ -119,6 +161,8 @@ def load_wmt14(
     """
     if source not in ("auto", "hub", "files"):
         raise ValueError(f"unknown data source {source!r}; valid choices: 'auto', 'hub', 'files'")
+    if max_train is not None:
+        max_train = check_positive_int("max_train", max_train)
     splits, where, why = None, None, ""
     if source == "files":
         why = " (--source files)"
@@ -136,13 +180,19 @@ def load_wmt14(
             why = f" (Hugging Face hub unreachable: {type(err).__name__})"
     if splits is None:
         data_dir = Path(data_dir) if data_dir is not None else SHIPPED_DIR
-        if not data_dir.is_dir():
+        if not data_dir.exists():
             raise FileNotFoundError(f"data directory {data_dir} does not exist")
+        if not data_dir.is_dir():
+            raise ValueError(f"data directory {data_dir} is a file, not a folder")
         splits = {s: read_parallel(data_dir, s, max_train if s == "train" else None) for s in SPLITS[:3]}
         where = f"local files in {data_dir}{why}"
     hdir = data_dir if data_dir is not None and any(Path(data_dir).glob("heldout.fr*")) else SHIPPED_DIR
     splits["heldout"] = read_parallel(hdir, "heldout")
     n_raw = len(splits["train"][0])
     splits["train"] = dedup_pairs(*splits["train"], exclude=splits["heldout"])
+    if not splits["train"][0]:
+        raise ValueError(
+            f"no training pairs left in {where}: all {n_raw} share a side with the held-out set in {hdir}"
+        )
     where += f"; {n_raw} training pairs read, {len(splits['train'][0])} after dedup; held-out from {hdir}"
     return splits, where

@@ -1,4 +1,7 @@
 """Bad input gets a clear error naming the bad value and the valid choices."""
+import gzip
+import lzma
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from posenc_lib import (
     sinusoidal_table,
     t5_relative_bucket,
 )
+from posenc_lib.data import load_wmt14, read_lines, read_parallel
 from posenc_lib.xlnet import rel_shift
 
 
@@ -76,3 +80,79 @@ def test_bad_numbers():
     m = build_model("none", 10, d_model=16, n_heads=2, num_layers=1)
     with pytest.raises(ValueError, match="max_new_tokens"):
         greedy_decode(m, torch.ones(1, 3, dtype=torch.long), max_new_tokens=0, bos_id=1, eos_id=2)
+
+
+# -- data files: each problem is named with its file (and line) -----------------------------------
+def _split(folder, name="train", fr="un\ndeux\ntrois\n", en="one\ntwo\nthree\n"):
+    folder.mkdir(exist_ok=True)
+    for lang, text in (("fr", fr), ("en", en)):
+        (folder / f"{name}.{lang}").write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_data_file_missing(tmp_path):
+    d = _split(tmp_path / "d")
+    (d / "train.en").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing data file .*train\.en \(also tried \.xz and \.gz\)"):
+        read_parallel(d, "train")
+    with pytest.raises(FileNotFoundError, match=r"missing data file .*nothing\.fr"):
+        read_lines(d / "nothing.fr")
+
+
+def test_data_file_empty(tmp_path):
+    d = _split(tmp_path / "d", en="")
+    with pytest.raises(ValueError, match=r"train\.en is empty"):
+        read_parallel(d, "train")
+    (d / "train.en").write_text("\n \n")  # only blank lines counts as empty too
+    with pytest.raises(ValueError, match=r"train\.en is empty"):
+        read_lines(d / "train.en")
+
+
+def test_data_files_misaligned(tmp_path):
+    d = _split(tmp_path / "d", en="one\ntwo\n")
+    with pytest.raises(ValueError, match=r"train\.fr has 3 lines but .*train\.en has 2.*line 3 of .*train\.fr has no"):
+        read_parallel(d, "train")
+
+
+@pytest.mark.parametrize("suffix", ["xz", "gz"])
+def test_truncated_compressed_file_is_named_and_called_damaged(tmp_path, suffix):
+    d = _split(tmp_path / "d")
+    text = "".join(f"phrase numéro {i}\n" for i in range(3000)).encode()
+    packed = lzma.compress(text) if suffix == "xz" else gzip.compress(text)
+    (d / "train.fr").unlink()
+    (d / f"train.fr.{suffix}").write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ValueError, match=rf"train\.fr\.{suffix}: damaged {suffix} file"):
+        read_parallel(d, "train")
+    (d / f"train.fr.{suffix}").write_bytes(b"not compressed at all\n")
+    with pytest.raises(ValueError, match=rf"train\.fr\.{suffix}: damaged {suffix} file"):
+        read_lines(d / f"train.fr.{suffix}")
+    (d / f"train.fr.{suffix}").write_bytes(packed)  # the intact file reads
+    assert read_lines(d / f"train.fr.{suffix}")[2999] == "phrase numéro 2999"
+
+
+def test_data_file_not_utf8_names_the_line(tmp_path):
+    d = _split(tmp_path / "d")
+    (d / "train.fr").write_bytes("un\ndeux\ntrès\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"train\.fr, line 3: not UTF-8 text .*b'\\xe8'"):
+        read_parallel(d, "train")
+
+
+def test_data_file_empty_or_blank_line(tmp_path):
+    d = _split(tmp_path / "d", en="one\n\nthree\n")
+    with pytest.raises(ValueError, match=r"train\.en, line 2: empty line"):
+        read_parallel(d, "train")
+    (d / "train.en").write_text("one\ntwo\n   \n")
+    with pytest.raises(ValueError, match=r"train\.en, line 3: empty line"):
+        read_parallel(d, "train")
+    (d / "train.en").write_text("one\r\ntwo\r\nthree")  # CRLF and a missing final newline are fine
+    assert read_parallel(d, "train")[1] == ["one", "two", "three"]
+
+
+def test_data_dir_errors(tmp_path):
+    (tmp_path / "afile").write_text("x\n")
+    with pytest.raises(ValueError, match=r"data directory .*afile is a file, not a folder"):
+        load_wmt14(tmp_path / "afile", source="files")
+    with pytest.raises(ValueError, match=r"max_train must be a positive integer, got -3"):
+        load_wmt14(tmp_path, source="files", max_train=-3)
+    with pytest.raises(ValueError, match=r"limit must be a positive integer, got 0"):
+        read_parallel(tmp_path, "train", 0)
