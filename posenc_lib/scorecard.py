@@ -1,0 +1,357 @@
+"""The course's running scorecard: every position scheme against the requirements of lesson 01.
+
+Lesson 01 lists six things a positional encoding should provide; every later lesson adds its scheme
+to one table, with a short reason for each verdict and, where a property can be measured, a check
+function that confirms the verdict. ``tests/test_scorecard.py`` runs every check, so a verdict the
+code contradicts fails the tests.
+
+A verdict's mark is ``"✓"`` (meets it), ``"✗"`` (fails it) or ``"~"`` (partly, see the reason).
+A check returns ``True`` when the verdict's *claim* holds: for a ``"✗"`` verdict that is the failure
+it states (for example "the norm grows with t").
+
+Extending it (lessons 07-10): call :func:`register` once per scheme at import time of this module
+(append an ``Entry`` to ``ENTRIES`` below), with the lesson number, then show
+``scorecard_markdown(upto=LESSON)`` in that lesson's summary.
+
+Taught in notebooks/01_why_position.ipynb (the requirements) and extended in each lesson's summary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+REQUIREMENTS: tuple[str, ...] = (
+    "unique",
+    "deterministic",
+    "bounded",
+    "consistent across lengths",
+    "beyond training length",
+    "relative distance readable",
+)
+"""Lesson 01's six requirements, in the order of its table."""
+
+MARKS = ("✓", "✗", "~")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One cell of the scorecard: a mark, a short reason, and optionally a check of the claim."""
+
+    mark: str
+    reason: str
+    check: Callable[[], bool] | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.mark not in MARKS:
+            raise ValueError(f"mark must be one of {MARKS}, got {self.mark!r}")
+        if not self.reason:
+            raise ValueError("a verdict needs a reason")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the scorecard: a scheme, the lesson that introduces it, and one verdict per requirement."""
+
+    scheme: str
+    lesson: int
+    verdicts: dict[str, Verdict]
+
+    def __post_init__(self):
+        missing = [r for r in REQUIREMENTS if r not in self.verdicts]
+        extra = [r for r in self.verdicts if r not in REQUIREMENTS]
+        if missing or extra:
+            raise ValueError(f"scheme {self.scheme!r}: verdicts must cover exactly {REQUIREMENTS}; "
+                             f"missing {missing}, unknown {extra}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements shared by the checks (each is small: a few hundred positions at most)
+# ---------------------------------------------------------------------------------------------
+
+def is_unique(codes: torch.Tensor, tol: float = 1e-6) -> bool:
+    """``True`` if no two rows of ``codes`` (``(L, dim)``) are within ``tol`` of each other."""
+    if codes.dim() != 2:
+        raise ValueError(f"codes must be (length, dim), got shape {tuple(codes.shape)}")
+    dist = torch.cdist(codes.double(), codes.double())
+    dist.fill_diagonal_(float("inf"))
+    return bool(dist.min() > tol)
+
+
+def max_norm_growth(code_fn: Callable[[int], torch.Tensor], short: int = 50, long: int = 500) -> float:
+    """Largest code norm at length ``long`` divided by the largest at length ``short`` (1 = bounded)."""
+    a, b = code_fn(short).double().norm(dim=-1).max(), code_fn(long).double().norm(dim=-1).max()
+    return (b / a).item()
+
+
+def same_across_lengths(code_fn: Callable[[int], torch.Tensor], lengths=(5, 50)) -> bool:
+    """``True`` if position t gets the same code in a short and in a long sequence."""
+    short, long = (code_fn(n) for n in lengths)
+    return short.shape[-1] == long.shape[-1] and torch.allclose(short, long[: lengths[0]])
+
+
+def toeplitz_error(gram: torch.Tensor) -> float:
+    """Largest deviation of an ``(L, L)`` matrix from the mean of its diagonal (0 = depends on j - i only)."""
+    n = gram.shape[0]
+    return max((gram.diagonal(k) - gram.diagonal(k).mean()).abs().max().item() for k in range(-(n - 1), n))
+
+
+def code_report(code_fn: Callable[[int], torch.Tensor], lengths=(5, 50)) -> dict:
+    """Lesson 01's measurable rows for a code ``code_fn(L) -> (L, dim)``."""
+    short, long = lengths
+    return {
+        "unique": is_unique(code_fn(long)),
+        "deterministic": torch.equal(code_fn(short), code_fn(short)),
+        "bounded (max norm)": round(code_fn(long).norm(dim=-1).max().item(), 4),
+        "same across lengths": same_across_lengths(code_fn, lengths),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The codes of the first lessons, as small functions of the length (the checks call them)
+# ---------------------------------------------------------------------------------------------
+
+def _integer(n):
+    return torch.arange(n, dtype=torch.float64)[:, None]
+
+
+def _normalised(n):
+    return (torch.arange(n, dtype=torch.float64) / (n - 1))[:, None]
+
+
+def _binary(n, n_bits=10):
+    from .absolute import binary_positions
+
+    return binary_positions(n, n_bits=n_bits, dtype=torch.float64)
+
+
+def _sinusoidal(n, dim=64):
+    from .sinusoidal import sinusoidal_encode
+
+    return sinusoidal_encode(torch.arange(n, dtype=torch.float64), dim)
+
+
+def _fresh_random(n):
+    return torch.randn(n, 8, dtype=torch.float64)
+
+
+_TABLE = torch.randn(64, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def _fixed_table(n):
+    return _TABLE[:n]
+
+
+def _binary_hamming_follows_distance() -> bool:
+    p = _binary(64, 6)
+    ham = torch.cdist(p, p, p=1)
+    return bool(ham[31, 32] == 6 and ham[0, 32] == 1)  # neighbours far apart, far positions close
+
+
+def _sinusoidal_gram_is_toeplitz() -> bool:
+    p = _sinusoidal(100)
+    return toeplitz_error(p @ p.T) < 1e-9
+
+
+def _sinusoidal_shift_is_linear() -> bool:
+    from .sinusoidal import sinusoidal_encode, sinusoidal_shift_matrix
+
+    t = torch.arange(100, dtype=torch.float64)
+    T = sinusoidal_shift_matrix(3, 64).double()
+    return bool(((sinusoidal_encode(t, 64) @ T.T) - sinusoidal_encode(t + 3, 64)).abs().max() < 1e-6)
+
+
+def _learned_table_refuses_beyond_max_len() -> bool:
+    from .absolute import LearnedPositionalEmbedding
+
+    table = LearnedPositionalEmbedding(max_len=8, d_model=4)
+    try:
+        table(torch.arange(9))
+    except ValueError:
+        return True
+    return False
+
+
+def _shaw_index_clips() -> bool:
+    from .shaw import shaw_index
+
+    pos = torch.arange(12)
+    idx = shaw_index(pos, pos, 3)
+    same_row_beyond_k = bool(idx[0, 4] == idx[0, 11])                       # 4 and 11 away: one row
+    shifted = torch.equal(shaw_index(pos + 100, pos + 100, 3), idx)         # depends on j - i only
+    return same_row_beyond_k and shifted and int(idx.max()) == 6
+
+
+def _shaw_index_is_translation_invariant() -> bool:
+    from .shaw import shaw_index
+
+    pos = torch.arange(10)
+    return torch.equal(shaw_index(pos + 37, pos + 37, 4), shaw_index(pos, pos, 4))
+
+
+def _rope_scores_relative() -> bool:
+    from .rotary import apply_rope
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    pos = torch.arange(40)
+    s = apply_rope(q.expand(40, 32), pos) @ apply_rope(k.expand(40, 32), pos).T
+    return toeplitz_error(s.double()) < 1e-3
+
+
+def _rope_preserves_norm() -> bool:
+    from .rotary import apply_rope
+
+    x = torch.randn(500, 32, generator=torch.Generator().manual_seed(1))
+    return torch.allclose(apply_rope(x, torch.arange(500)).norm(dim=-1), x.norm(dim=-1), atol=1e-4)
+
+
+def _rope_distinguishes_positions() -> bool:
+    from .rotary import apply_rope
+
+    x = torch.ones(200, 32)
+    return is_unique(apply_rope(x, torch.arange(200)))
+
+
+_LESSON_11 = "defined there, but generalising there is a separate question (lesson 11)"
+
+ENTRIES: list[Entry] = [
+    Entry("integer t", 1, {
+        "unique": Verdict("✓", "one number per position", lambda: is_unique(_integer(200))),
+        "deterministic": Verdict("✓", "a fixed formula", lambda: torch.equal(_integer(9), _integer(9))),
+        "bounded": Verdict("✗", "the code grows with t and swamps the word",
+                           lambda: max_norm_growth(_integer) > 9),
+        "consistent across lengths": Verdict("✓", "t does not depend on L", lambda: same_across_lengths(_integer)),
+        "beyond training length": Verdict("✗", "longer inputs bring magnitudes never seen in training",
+                                          lambda: max_norm_growth(_integer) > 9),
+        "relative distance readable": Verdict("~", "only as a difference of magnitudes"),
+    }),
+    Entry("normalised t/(L-1)", 1, {
+        "unique": Verdict("✓", "distinct within one sentence", lambda: is_unique(_normalised(200))),
+        "deterministic": Verdict("✓", "a fixed formula", lambda: torch.equal(_normalised(9), _normalised(9))),
+        "bounded": Verdict("✓", "always in [0, 1]", lambda: max_norm_growth(_normalised) == 1.0),
+        "consistent across lengths": Verdict("✗", "position 1 gets 0.25 when L = 5, about 0.02 when L = 50",
+                                             lambda: not same_across_lengths(_normalised)),
+        "beyond training length": Verdict("✗", "the step between neighbours shrinks as L grows",
+                                          lambda: not same_across_lengths(_normalised, (20, 40))),
+        "relative distance readable": Verdict("✗", "one token apart means 1/(L-1): depends on L",
+                                              lambda: not same_across_lengths(_normalised)),
+    }),
+    Entry("random per sentence", 1, {
+        "unique": Verdict("✓", "random vectors almost never coincide"),
+        "deterministic": Verdict("✗", "a new code every time: nothing to learn",
+                                 lambda: not torch.equal(_fresh_random(5), _fresh_random(5))),
+        "bounded": Verdict("✓", "norm about sqrt(dim)"),
+        "consistent across lengths": Verdict("✗", "not even consistent with itself",
+                                             lambda: not same_across_lengths(_fresh_random)),
+        "beyond training length": Verdict("✗", "meaningless at every length"),
+        "relative distance readable": Verdict("✗", "no structure at all"),
+    }),
+    Entry("fixed random table", 1, {
+        "unique": Verdict("✓", "random rows are distinct", lambda: is_unique(_fixed_table(64))),
+        "deterministic": Verdict("✓", "the same table every time",
+                                 lambda: torch.equal(_fixed_table(9), _fixed_table(9))),
+        "bounded": Verdict("✓", "every row has about the same norm"),
+        "consistent across lengths": Verdict("✓", "row t is row t", lambda: same_across_lengths(_fixed_table)),
+        "beyond training length": Verdict("✗", "no row beyond the table (64 here)",
+                                          lambda: _fixed_table(100).shape[0] == 64),
+        "relative distance readable": Verdict("✗", "rows are unrelated to each other"),
+    }),
+    Entry("binary bits", 2, {
+        "unique": Verdict("✓", "2^n codes for n bits", lambda: is_unique(_binary(1024))),
+        "deterministic": Verdict("✓", "a fixed formula", lambda: torch.equal(_binary(9), _binary(9))),
+        "bounded": Verdict("✓", "entries 0 or 1, at most sqrt(n) in norm",
+                           lambda: max_norm_growth(_binary, 512, 1024) <= 1.06),
+        "consistent across lengths": Verdict("✓", "at a fixed width", lambda: same_across_lengths(_binary)),
+        "beyond training length": Verdict("✗", "defined up to 2^n, but high bits never set in training are "
+                                               "untrained inputs", lambda: bool(_binary(16)[:, 4:].sum() == 0)),
+        "relative distance readable": Verdict("✗", "Hamming distance: 31 and 32 differ in 6 bits, 0 and 32 in 1",
+                                              _binary_hamming_follows_distance),
+    }),
+    Entry("sinusoidal", 3, {
+        "unique": Verdict("✓", "within the longest wavelength (10000 * 2 pi)", lambda: is_unique(_sinusoidal(500))),
+        "deterministic": Verdict("✓", "a fixed formula", lambda: torch.equal(_sinusoidal(9), _sinusoidal(9))),
+        "bounded": Verdict("✓", "every code has norm sqrt(d/2)", lambda: max_norm_growth(_sinusoidal) < 1 + 1e-9),
+        "consistent across lengths": Verdict("✓", "depends on t only", lambda: same_across_lengths(_sinusoidal)),
+        "beyond training length": Verdict("~", _LESSON_11 + ": exact match 1.0 at length 16, 0.0 at 20",
+                                          lambda: _sinusoidal(10_000).isfinite().all().item()),
+        "relative distance readable": Verdict("✓", "PE(t+D) = T_D PE(t); PE(t).PE(t+D) depends on D only",
+                                              lambda: _sinusoidal_shift_is_linear() and _sinusoidal_gram_is_toeplitz()),
+    }),
+    Entry("learned table", 4, {
+        "unique": Verdict("✓", "random rows start distinct; training keeps them apart"),
+        "deterministic": Verdict("✓", "fixed after training"),
+        "bounded": Verdict("✓", "N rows of finite norm"),
+        "consistent across lengths": Verdict("✓", "row t is row t"),
+        "beyond training length": Verdict("✗", "no row beyond max_len (an error); rows never trained stay random",
+                                          _learned_table_refuses_beyond_max_len),
+        "relative distance readable": Verdict("~", "only if training builds it; no structure by design"),
+    }),
+    Entry("Shaw relative", 5, {
+        "unique": Verdict("~", "offsets up to k are told apart; beyond k they share one row", _shaw_index_clips),
+        "deterministic": Verdict("✓", "fixed tables after training"),
+        "bounded": Verdict("✓", "2k+1 learned rows, whatever the length"),
+        "consistent across lengths": Verdict("✓", "depends on j - i only", _shaw_index_is_translation_invariant),
+        "beyond training length": Verdict("~", "every offset maps to a trained row; whether the model "
+                                               "generalises is task-dependent (lessons 05 and 11)", _shaw_index_clips),
+        "relative distance readable": Verdict("✓", "the distance is the index", _shaw_index_is_translation_invariant),
+    }),
+    Entry("RoPE", 6, {
+        "unique": Verdict("✓", "a rotation per position, distinct within the longest wavelength",
+                          _rope_distinguishes_positions),
+        "deterministic": Verdict("✓", "a fixed formula, no parameters"),
+        "bounded": Verdict("✓", "a rotation keeps every norm", _rope_preserves_norm),
+        "consistent across lengths": Verdict("✓", "the angle depends on t only"),
+        "beyond training length": Verdict("~", _LESSON_11 + "; unseen angles degrade it"),
+        "relative distance readable": Verdict("✓", "scores depend on m - n only", _rope_scores_relative),
+    }),
+]
+
+
+def register(entry: Entry) -> None:
+    """Add a scheme's row (later lessons); a scheme name may appear only once."""
+    if not isinstance(entry, Entry):
+        raise TypeError(f"entry must be a scorecard.Entry, got {type(entry).__name__}")
+    if any(e.scheme == entry.scheme for e in ENTRIES):
+        raise ValueError(f"scheme {entry.scheme!r} is already on the scorecard; known: {[e.scheme for e in ENTRIES]}")
+    ENTRIES.append(entry)
+
+
+def entries(upto: int | None = None) -> list[Entry]:
+    """The rows introduced in lessons ``<= upto`` (all rows if ``upto`` is None), in lesson order."""
+    if upto is not None and (not isinstance(upto, int) or upto < 1):
+        raise ValueError(f"upto must be a lesson number >= 1 or None, got {upto!r}")
+    rows = [e for e in ENTRIES if upto is None or e.lesson <= upto]
+    return sorted(rows, key=lambda e: e.lesson)
+
+
+def run_checks(upto: int | None = None) -> dict[tuple[str, str], bool]:
+    """Run every check of the rows up to lesson ``upto``: ``{(scheme, requirement): claim holds}``."""
+    return {(e.scheme, r): bool(v.check()) for e in entries(upto) for r, v in e.verdicts.items()
+            if v.check is not None}
+
+
+def scorecard_markdown(upto: int | None = None, reasons: bool = True) -> str:
+    """The scorecard as a Markdown table (schemes as rows). Checked verdicts carry a dagger (†)."""
+    head = "| scheme | " + " | ".join(REQUIREMENTS) + " |"
+    lines = [head, "|---" * (len(REQUIREMENTS) + 1) + "|"]
+    for e in entries(upto):
+        cells = []
+        for r in REQUIREMENTS:
+            v = e.verdicts[r]
+            cell = v.mark + ("†" if v.check is not None else "")
+            cells.append(f"{cell} {v.reason}" if reasons else cell)
+        lines.append(f"| {e.scheme} (L{e.lesson:02d}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def show(upto: int | None = None, reasons: bool = True):
+    """Display the scorecard in a notebook after running its checks; raises if a check contradicts a verdict."""
+    failed = [key for key, ok in run_checks(upto).items() if not ok]
+    if failed:
+        raise AssertionError(f"scorecard verdicts contradicted by their checks: {failed}")
+    from IPython.display import Markdown
+
+    return Markdown(scorecard_markdown(upto, reasons) + "\n\n✓ meets it, ✗ fails it, ~ partly; "
+                    "† checked by code on every run (`posenc_lib.scorecard.run_checks`).")
