@@ -36,7 +36,6 @@ Command line::
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -51,7 +50,10 @@ import torch
 from .decoding import greedy_decode
 from .model import Seq2SeqTransformer, build_model
 from .schemes import PE_TYPES, canonical_pe
-from .utils import atomic_write_json, check_choice, check_positive_int, set_seed
+from .utils import (
+    CliParser, atomic_write_json, check_choice, check_divides, check_float_range, check_int_range,
+    check_positive_int, set_seed,
+)
 
 PAD, BOS, EOS = 0, 1, 2
 #: extra runs beside PE_TYPES: name -> (scheme, options).  A symmetric ALiBi encoder cannot tell a
@@ -102,18 +104,33 @@ class ExtrapolationConfig:
     threads: int = 1  # torch threads per model while it trains (see run_one); use --jobs for more cores
 
     def __post_init__(self):
+        """Refuse a bad field before anything runs, naming the field and its allowed range."""
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         check_choice("task", self.task, TASKS)
         for f in ("n_symbols", "train_min_len", "train_max_len", "d_model", "n_heads", "num_layers",
-                  "dim_feedforward", "steps", "batch_size", "eval_examples", "eval_batch_size", "threads"):
+                  "dim_feedforward", "steps", "batch_size", "eval_examples", "eval_batch_size", "threads"):  # fmt: skip
             check_positive_int(f, getattr(self, f))
         if self.train_min_len > self.train_max_len:
-            raise ValueError(f"train_min_len={self.train_min_len} > train_max_len={self.train_max_len}")
-        if not self.test_lengths:
+            raise ValueError(
+                f"train_min_len={self.train_min_len} > train_max_len={self.train_max_len}: "
+                f"train_min_len must lie in [1, train_max_len]"
+            )
+        if isinstance(self.test_lengths, (str, bytes)) or not isinstance(self.test_lengths, Iterable):
+            raise TypeError(f"test_lengths must be a tuple of positive integers, got {self.test_lengths!r}")
+        lengths = tuple(self.test_lengths)
+        if not lengths:
             raise ValueError("test_lengths must name at least one length")
-        for n in self.test_lengths:
-            check_positive_int("test length", n)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for n in lengths:
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ValueError(f"test_lengths: every test length must be a positive integer, got {n!r}")
+        object.__setattr__(self, "test_lengths", lengths)  # a list given by hand becomes the tuple stored
+        check_divides(self.d_model, self.n_heads)
+        check_float_range("dropout", self.dropout, 0.0, 1.0, high_open=True)
+        check_float_range("lr", self.lr, 0.0, low_open=True)
+        check_int_range("warmup", self.warmup, 0)
+        check_float_range("grad_clip", self.grad_clip, 0.0, low_open=True)
+        check_int_range("eval_seed", self.eval_seed, 0, 2**53)
 
     @property
     def vocab_size(self) -> int:
@@ -502,7 +519,7 @@ def parse_list(text: str, what: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lib.extrapolation", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m posenc_lib.extrapolation", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     p.add_argument("--pe", default="all", help="'all' or comma-separated names from " + ", ".join(RUN_ORDER))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
@@ -519,10 +536,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seeds.append(int(s))
             except ValueError:
                 raise ValueError(f"--seeds must be comma-separated integers, got {s!r}") from None
+            if not 0 <= seeds[-1] < 2**32:
+                raise ValueError(f"--seeds must lie in [0, 2**32 - 1], got {seeds[-1]}")
     except ValueError as err:
         p.error(str(err))
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        p.error(f"--out {a.out} is a file; give a folder for the result files")
     t0 = time.perf_counter()
     run_all(cfg, pes, seeds, a.out, progress=not a.no_progress, jobs=a.jobs)
     print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")

@@ -3,11 +3,14 @@
 * :func:`set_seed` -- the one place where random, numpy and torch are seeded.
 * ``check_*`` -- argument checks that raise a clear ``ValueError``/``TypeError``
   naming the bad value and what would have been valid.
+* :class:`CliParser` -- the command lines' argument parser: a bad flag is one line
+  on stderr and exit status 2.
 * :func:`atomic_write_text` / :func:`atomic_torch_save` -- write to a temporary
   file and rename, so a crash never leaves a half-written result behind.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -26,6 +29,8 @@ def set_seed(seed: int) -> None:
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise TypeError(f"seed must be an int, got {seed!r} ({type(seed).__name__})")
+    if not -(2**63) <= seed < 2**64:
+        raise ValueError(f"seed must lie in [-2**63, 2**64 - 1] (what torch accepts), got {seed}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -44,6 +49,41 @@ def check_positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def check_int_range(name: str, value: Any, low: int, high: int | None = None) -> int:
+    """Return ``value`` as an int if it is an integer in ``[low, high]`` (no upper bound if ``high`` is None).
+
+    A non-integer (a float, a string, a bool) is a ``TypeError``, an integer outside the range a
+    ``ValueError``; both messages name the argument and the allowed range.
+    """
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return int(value)
+
+
+def check_float_range(
+    name: str, value: Any, low: float, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+) -> float:
+    """Return ``value`` as a float if it is a finite number in the interval from ``low`` to ``high``.
+
+    ``low_open``/``high_open`` exclude the end points: ``check_float_range("lr", x, 0, low_open=True)``
+    accepts ``x > 0``.  NaN and infinities are refused; messages name the argument and the interval.
+    """
+    left, right = "(" if low_open else "[", ")" if high_open or high is None else "]"
+    allowed = f"a finite number in {left}{low}, {'inf' if high is None else high}{right}"
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+    v = float(value)
+    ok = np.isfinite(v) and (v > low if low_open else v >= low)
+    if high is not None:
+        ok = ok and (v < high if high_open else v <= high)
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return v
 
 
 def check_even(name: str, value: int) -> int:
@@ -80,6 +120,17 @@ def check_token_tensor(name: str, x: Any) -> None:
         raise TypeError(f"{name} must hold integer token ids (torch.int64), got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(x.shape)}")
+
+
+class CliParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose errors are one line on stderr and exit status 2.
+
+    argparse prints the whole usage block before the error; on a long command line the one line
+    that matters scrolls out of view.  Here the error is the only line, with a pointer to ``--help``.
+    """
+
+    def error(self, message: str):  # noqa: D102 (argparse's hook)
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see --help)\n")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
