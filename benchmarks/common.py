@@ -18,6 +18,9 @@ import torch
 
 from posenc_lib import PE_TYPES, build_model, set_seed
 from posenc_lib.shaw import ShawRelative
+from posenc_lib.utils import check_divides, check_float_range, check_int_range
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: contrast scheme: Shaw et al. with the (L, L, d) tables materialised (not in PE_TYPES)
 NAIVE_SHAW = "shaw_naive"
@@ -46,6 +49,27 @@ class BenchConfig:
     device: str = "cpu"
     dtype: str = "float32"
 
+    def __post_init__(self):
+        """Refuse a bad size, count or rate before anything runs, naming the field and its allowed range."""
+        for f in ("d_model", "n_heads", "num_layers", "dim_feedforward", "batch", "memory_length", "decode_batch",
+                  "decode_src_len", "decode_new_tokens", "repeats", "decode_repeats"):  # fmt: skip
+            check_int_range(f, getattr(self, f), 1)
+        check_divides(self.d_model, self.n_heads)
+        check_int_range("vocab_size", self.vocab_size, 5)  # ids 0-3 are reserved, random tokens start at 4
+        check_int_range("warmup", self.warmup, 0)
+        check_float_range("dropout", self.dropout, 0.0, 1.0, high_open=True)
+        if isinstance(self.lengths, (str, bytes)) or not hasattr(self.lengths, "__iter__"):
+            raise TypeError(f"lengths must be a tuple of integers >= 1, got {self.lengths!r}")
+        self.lengths = tuple(self.lengths)
+        if not self.lengths:
+            raise ValueError("lengths must name at least one training length (integers >= 1)")
+        for n in self.lengths:
+            check_int_range("lengths: every training length", n, 1)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; valid choices: {', '.join(DTYPES)}")
+        if not isinstance(self.device, str) or not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"unknown device {self.device!r}; valid choices: cpu, cuda, cuda:N")
+
     @classmethod
     def quick(cls) -> "BenchConfig":
         """A tiny configuration that runs in seconds (for tests and for trying the suite)."""
@@ -61,7 +85,6 @@ class BenchConfig:
         return d
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def check_schemes(names) -> tuple[str, ...]:

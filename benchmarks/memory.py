@@ -15,14 +15,15 @@ Two figures per scheme:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import subprocess
 import sys
 
-from .common import BenchConfig, log
+from posenc_lib.utils import CliParser
+
+from .common import BenchConfig, check_schemes, log
 
 
 def _rss_mb() -> float:
@@ -110,14 +111,24 @@ def bench_memory(schemes: tuple[str, ...], cfg: BenchConfig, threads: int, quiet
 
 
 def _main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="one memory measurement (used by benchmarks.run)")
+    p = CliParser(prog="python -m benchmarks.memory", description="one memory measurement (used by benchmarks.run)")
     p.add_argument("--worker", required=True, help="scheme name")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--config", required=True, help="BenchConfig as JSON")
     a = p.parse_args(argv)
-    d = json.loads(a.config)
-    d["lengths"] = tuple(d["lengths"])
-    print(json.dumps(worker(a.worker, BenchConfig(**d), a.threads)))
+    try:
+        pe = check_schemes([a.worker])[-1]  # the list always starts with the reference "none"
+        d = json.loads(a.config)
+        if not isinstance(d, dict):
+            raise ValueError("expected a JSON object of BenchConfig fields")
+        cfg = BenchConfig(**d)
+    except json.JSONDecodeError as e:
+        p.error(f"--config is not valid JSON: {e}")
+    except (TypeError, ValueError) as e:
+        p.error(f"--worker/--config: {e}")
+    if a.threads <= 0:
+        p.error(f"--threads must be a positive integer, got {a.threads}")
+    print(json.dumps(worker(pe, cfg, a.threads)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from posenc_lib.utils import atomic_write_json
+from posenc_lib.utils import CliParser, atomic_write_json
 
 from .common import ALL_SCHEMES, DTYPES, BenchConfig, available_cores, check_schemes, log, machine_info
 from .decode import bench_decode
@@ -48,7 +48,7 @@ def _parts(text: str) -> tuple[str, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    p = CliParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model and lengths (seconds; for tests)")
     p.add_argument("--only", type=_parts, default=PARTS, help="comma-separated subset of: train,memory,decode")
     p.add_argument("--schemes", default=",".join(ALL_SCHEMES), help=f"comma-separated subset of {','.join(ALL_SCHEMES)}")
@@ -79,25 +79,35 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     over = {k: v for k, v in over.items() if v is not None}
     for k in ("memory_length", "batch", "repeats", "decode_repeats"):
         if k in over and over[k] <= 0:
-            raise SystemExit(f"--{k.replace('_', '-')} must be positive, got {over[k]}")
+            raise ValueError(f"--{k.replace('_', '-')} must be a positive integer, got {over[k]}")
     if "warmup" in over and over["warmup"] < 0:
-        raise SystemExit(f"--warmup must be >= 0, got {over['warmup']}")
+        raise ValueError(f"--warmup must be an integer >= 0, got {over['warmup']}")
+    if "dropout" in over and not 0.0 <= over["dropout"] < 1.0:
+        raise ValueError(f"--dropout must be a number in [0, 1), got {over['dropout']}")
+    if a.device != "cpu" and not a.device.startswith("cuda"):
+        raise ValueError(f"unknown --device {a.device!r}; valid choices: cpu, cuda, cuda:N")
     return dataclasses.replace(cfg, device=a.device, dtype=a.dtype, **over)
 
 
 def main(argv=None) -> dict:
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
     try:
         schemes = check_schemes(a.schemes.split(","))
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        p.error(f"--schemes: {e}")
     if a.threads <= 0:
-        raise SystemExit(f"--threads must be positive, got {a.threads}")
+        p.error(f"--threads must be a positive integer, got {a.threads}")
+    try:
+        cfg = config_from_args(a)
+    except (TypeError, ValueError) as e:
+        p.error(str(e))
     if a.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda requested but torch.cuda.is_available() is False; valid here: cpu")
-    cfg = config_from_args(a)
+        p.error("--device cuda requested but torch.cuda.is_available() is False; valid here: cpu")
     if a.out is None:
         a.out = QUICK_OUT if a.quick else DEFAULT_OUT
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out {a.out} is a file; give a folder for the results")
     torch.set_num_threads(a.threads)
     machine = machine_info(cfg.device)
     a.out.mkdir(parents=True, exist_ok=True)
