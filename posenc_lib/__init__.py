@@ -17,6 +17,7 @@ from .decoding import greedy_decode
 from .deberta import DebertaDisentangled, deberta_log_bucket, disentangled_scores
 from .model import Seq2SeqTransformer, build_model
 from .rotary import RotaryScheme, apply_rope, apply_rope_complex, rope_cos_sin, rotate_half
+from .rope_scaling import ROPE_TYPES, scaled_rope_frequencies
 from .schemes import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
 from .shaw import ShawRelative, shaw_key_scores, shaw_value_term
 from .sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
@@ -32,5 +33,5 @@ __all__ = [
     "apply_rope", "apply_rope_complex", "rotate_half", "rope_cos_sin", "t5_relative_bucket",
     "deberta_log_bucket", "disentangled_scores", "alibi_slopes", "alibi_bias", "shaw_key_scores",
     "shaw_value_term", "rel_shift", "xlnet_sinusoid", "SinusoidalScheme", "LearnedScheme", "ShawRelative",
-    "RotaryScheme", "T5Bias", "XLNetRelative", "DebertaDisentangled", "ALiBi",
+    "RotaryScheme", "scaled_rope_frequencies", "ROPE_TYPES", "T5Bias", "XLNetRelative", "DebertaDisentangled", "ALiBi",
 ]  # fmt: skip

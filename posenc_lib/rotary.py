@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .rope_scaling import check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401 (re-exported)
 from .utils import check_even, check_float_tensor
 
 
@@ -116,51 +117,85 @@ def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
 
 
 class RotaryCache(nn.Module):
-    """cos/sin tables cached per (length, device), grown on demand; float32 phases."""
+    """cos/sin tables cached per (length, device), grown on demand; float32 phases.
 
-    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = True):
+    ``scaling``: a context-extension dict (see posenc_lib/rope_scaling.py); the tables then hold the
+    scaled frequencies, times YaRN's attention scale.  ``dynamic`` scaling depends on the current
+    length ``seq_len`` and is computed per call instead of cached.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = True, scaling: dict | None = None):
         super().__init__()
         self.head_dim = check_even("head_dim", head_dim)
         self.base = base
         self.interleaved = interleaved
+        self.scaling = check_scaling(scaling)
+        scaled_rope_frequencies(self.head_dim, base, self.scaling)  # reject a bad base or head_dim now
         self._cos: torch.Tensor | None = None
         self._sin: torch.Tensor | None = None
 
-    def forward(self, positions: torch.Tensor):
-        """``positions (seq,)`` -> ``cos, sin`` each ``(seq, head_dim)`` float32."""
+    def forward(self, positions: torch.Tensor, seq_len: torch.Tensor | int | None = None):
+        """``positions (seq,)`` -> ``cos, sin`` each ``(seq, head_dim)`` float32.
+
+        ``seq_len``: the current total length, read by ``dynamic`` scaling only.
+        """
+        if self.scaling is not None and self.scaling["rope_type"] == "dynamic":
+            return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling, seq_len)
         need = int(positions.max()) + 1 if positions.numel() else 0
         if self._cos is None or self._cos.shape[0] < need or self._cos.device != positions.device:
             n = max(need, 64 if self._cos is None else 2 * self._cos.shape[0])
-            self._cos, self._sin = rope_cos_sin(
-                torch.arange(n, device=positions.device), self.head_dim, self.base, self.interleaved
+            self._cos, self._sin = scaled_rope_cos_sin(
+                torch.arange(n, device=positions.device), self.head_dim, self.base, self.interleaved, self.scaling
             )
         return self._cos[positions], self._sin[positions]
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, base={self.base}, interleaved={self.interleaved}"
+        extra = f", scaling={self.scaling}" if self.scaling is not None else ""
+        return f"head_dim={self.head_dim}, base={self.base}, interleaved={self.interleaved}{extra}"
 
 
 from .attention import PositionScheme  # noqa: E402
 
 
 class RotaryScheme(PositionScheme):
-    """Rotates queries and keys of every self-attention layer; keys are cached already rotated."""
+    """Rotates queries and keys of every self-attention layer; keys are cached already rotated.
+
+    ``scaling``: a context-extension dict (``rope_type`` linear, dynamic, yarn or llama3; see
+    posenc_lib/rope_scaling.py).  With ``dynamic`` the frequencies follow the length seen so far
+    (``k_pos`` max + 1): a full forward rotates every token with the frequencies of its whole
+    length, while a cached key keeps the rotation of the step that cached it (as in
+    ``transformers``), so cached and uncached decoding agree only up to the training length.
+    ``rotary_dim``: rotate only the first ``rotary_dim`` dimensions of each head (partial
+    rotary, GPT-NeoX); the rest carry no position.
+    """
 
     name = "rope"
     where = "q,k"
 
-    def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0, interleaved: bool = True):
+    def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0, interleaved: bool = True,
+                 scaling: dict | None = None, rotary_dim: int | None = None):  # fmt: skip
         super().__init__(d_model, n_heads, num_layers, causal)
-        self.cache = RotaryCache(self.head_dim, base, interleaved)
+        self.rotary_dim = self.head_dim if rotary_dim is None else check_even("rotary_dim", rotary_dim)
+        if self.rotary_dim > self.head_dim:
+            raise ValueError(f"rotary_dim={rotary_dim} exceeds head_dim={self.head_dim}; "
+                             f"choose an even rotary_dim in [2, {self.head_dim}]")  # fmt: skip
+        self.cache = RotaryCache(self.rotary_dim, base, interleaved, scaling)
         self.interleaved = interleaved
 
     def prepare(self, q_pos, k_pos):
-        cos, sin = self.cache(q_pos)
+        cos, sin = self.cache(q_pos, k_pos.max() + 1 if k_pos.numel() else None)
         return {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
 
     def rotate(self, q, k, ctx, layer):
         cos, sin = ctx["cos"], ctx["sin"]
-        return (apply_rope_cos_sin(q, cos, sin, self.interleaved), apply_rope_cos_sin(k, cos, sin, self.interleaved))
+        r = self.rotary_dim
+        if r == self.head_dim:
+            return (apply_rope_cos_sin(q, cos, sin, self.interleaved), apply_rope_cos_sin(k, cos, sin, self.interleaved))
+        q = torch.cat((apply_rope_cos_sin(q[..., :r], cos, sin, self.interleaved), q[..., r:]), dim=-1)
+        k = torch.cat((apply_rope_cos_sin(k[..., :r], cos, sin, self.interleaved), k[..., r:]), dim=-1)
+        return q, k
 
     def extra_repr(self):
-        return f"causal={self.causal}, interleaved={self.interleaved}, base={self.cache.base}"
+        extra = f", scaling={self.cache.scaling}" if self.cache.scaling is not None else ""
+        extra += f", rotary_dim={self.rotary_dim}" if self.rotary_dim != self.head_dim else ""
+        return f"causal={self.causal}, interleaved={self.interleaved}, base={self.cache.base}{extra}"
