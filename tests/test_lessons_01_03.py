@@ -66,3 +66,27 @@ def test_2d_dot_product_is_sum_of_row_and_column_terms():
 def test_float64_positions_give_float64_codes():
     assert sinusoidal_encode(torch.arange(4, dtype=torch.float64), 8).dtype == torch.float64
     assert sinusoidal_encode(torch.arange(4), 8).dtype == torch.float32
+
+
+@pytest.mark.parametrize("delta", [1, 5, 17, -3])
+def test_shift_identity_holds_to_float64_rounding(delta):
+    # lesson 03's central identity T_delta PE_t = PE_(t+delta), checked in float64 as the lesson does
+    t = torch.arange(200, dtype=torch.float64)
+    w = sinusoidal_frequencies(128, dtype=torch.float64) * delta
+    T = torch.block_diag(*[torch.tensor([[c, s], [-s, c]]) for c, s in zip(w.cos().tolist(), w.sin().tolist())])
+    assert (sinusoidal_encode(t, 128) @ T.T - sinusoidal_encode(t + delta, 128)).abs().max() < 1e-12
+    assert torch.allclose(T.float(), sinusoidal_shift_matrix(delta, 128), atol=1e-6)
+
+
+@pytest.mark.parametrize("delta", [3, -5])
+def test_query_projection_T_delta_makes_a_head_look_delta_tokens_away(delta):
+    p = sinusoidal_encode(torch.arange(40, dtype=torch.float64), 128)
+    scores = (p @ sinusoidal_shift_matrix(delta, 128).double().T) @ p.T
+    rows = torch.arange(max(0, -delta), 40 - max(0, delta))
+    assert torch.equal(scores[rows].argmax(dim=1), rows + delta)
+
+
+def test_far_sinusoidal_codes_leave_the_range_seen_in_training():
+    seen, far = sinusoidal_table(50, 128), sinusoidal_table(501, 128)[500]
+    outside = (far < seen.min(0).values - 1e-6) | (far > seen.max(0).values + 1e-6)
+    assert outside.sum() > 32
