@@ -120,6 +120,20 @@ def check_token_tensor(name: str, x: Any) -> None:
         raise TypeError(f"{name} must hold integer token ids (torch.int64), got dtype {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, length), got shape {tuple(x.shape)}")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one token per row (length >= 1), got shape {tuple(x.shape)}")
+
+
+def check_padding_mask(name: str, mask: Any, batch: int, length: int) -> None:
+    """``None`` or a bool tensor of shape ``(batch, length)``, True at padding (the PyTorch convention)."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor (True at padding) or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor (True at padding), got dtype {mask.dtype}")
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"{name} must have shape (batch, length) = {(batch, length)}, got {tuple(mask.shape)}")
 
 
 class CliParser(argparse.ArgumentParser):
