@@ -73,7 +73,7 @@ def test_shift_identity_holds_to_float64_rounding(delta):
     # lesson 03's central identity T_delta PE_t = PE_(t+delta), checked in float64 as the lesson does
     t = torch.arange(200, dtype=torch.float64)
     w = sinusoidal_frequencies(128, dtype=torch.float64) * delta
-    T = torch.block_diag(*[torch.tensor([[c, s], [-s, c]]) for c, s in zip(w.cos().tolist(), w.sin().tolist())])
+    T = torch.block_diag(*[torch.tensor([[c, s], [-s, c]], dtype=torch.float64) for c, s in zip(w.cos().tolist(), w.sin().tolist())])
     assert (sinusoidal_encode(t, 128) @ T.T - sinusoidal_encode(t + delta, 128)).abs().max() < 1e-12
     assert torch.allclose(T.float(), sinusoidal_shift_matrix(delta, 128), atol=1e-6)
 
