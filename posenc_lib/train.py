@@ -9,14 +9,22 @@ rate
 
 (linear warmup, then inverse-square-root decay), gradient clipping, and a
 validation loss (NLL per target token, no smoothing) on a fixed dev subset.
-Checkpoints (model, optimizer, step, position in the epoch, RNG state) are
-written atomically, so ``--resume`` continues a killed run on the same curve.
-Under ``torchrun`` each process trains on its own share of every epoch's
-batches and DistributedDataParallel averages the gradients (gloo on CPU,
-NCCL on GPUs).  Used by ``python -m posenc_lib.wmt14``; notebooks/12 shows it.
+Checkpoints (model, optimizer, gradient scaler, step, position in the epoch,
+CPU and CUDA RNG states) are written atomically (temporary file, then rename),
+so ``--resume`` continues a killed run on the same curve, also on another
+device: they are always loaded on the CPU first.  Mixed precision follows the
+hardware (:func:`resolve_precision`): bf16 autocast on GPUs that support it,
+fp16 with a gradient scaler on older GPUs (T4, V100), float32 on the CPU.
+The loop never waits for the GPU between updates: losses are summed on the
+device and read once per ``log_every`` updates.  Under ``torchrun`` each
+process trains on its own share of every epoch's batches and
+DistributedDataParallel averages the gradients (gloo on CPU, NCCL on GPUs);
+every process starts from the same weights but draws its own dropout masks
+(seed + rank).  Used by ``python -m posenc_lib.wmt14``; notebooks/12 shows it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -30,7 +38,70 @@ import torch.nn.functional as F
 
 from .evaluate import pad_batch
 from .model import build_model
-from .utils import atomic_torch_save, set_seed
+from .tokenizer import TOKENIZERS
+from .utils import atomic_torch_save, check_choice, set_seed
+
+#: ``precision`` values: ``auto`` = bf16 where the GPU supports it, else fp16 (+ GradScaler); fp32 on CPU
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used for ``--resume`` (damaged, or made for another model)."""
+
+
+# field -> (type, lowest, highest, lowest allowed?, highest allowed?, None allowed?)
+_RANGES = {
+    "d_model": (int, 2, None, True, True, False), "n_heads": (int, 1, None, True, True, False),
+    "num_layers": (int, 1, None, True, True, False), "num_decoder_layers": (int, 1, None, True, True, False),
+    "dim_feedforward": (int, 1, None, True, True, False), "dropout": (float, 0.0, 1.0, True, False, False),
+    "vocab_size": (int, 16, None, True, True, False), "max_tokens": (int, 1, None, True, True, False),
+    "max_train_pairs": (int, 1, None, True, True, True), "batch_tokens": (int, 1, None, True, True, False),
+    "lr": (float, 0.0, None, False, True, False), "warmup": (int, 1, None, True, True, False),
+    "max_steps": (int, 1, None, True, True, False), "label_smoothing": (float, 0.0, 1.0, True, False, False),
+    "clip_norm": (float, 0.0, None, False, True, False), "log_every": (int, 1, None, True, True, False),
+    "val_every": (int, 1, None, True, True, False), "val_pairs": (int, 1, None, True, True, False),
+    "ckpt_every": (int, 1, None, True, True, False), "eval_limit": (int, 1, None, True, True, True),
+    "beam": (int, 1, None, True, True, False), "length_penalty": (float, 0.0, None, True, True, False),
+    "bootstrap_samples": (int, 1, None, True, True, False),
+}  # fmt: skip
+
+
+def _range_text(kind, lo, hi, lo_ok, hi_ok, none_ok) -> str:
+    what = "an integer" if kind is int else "a number"
+    parts = [f"{'>=' if lo_ok else '>'} {lo}"] if lo is not None else []
+    parts += [f"{'<=' if hi_ok else '<'} {hi}"] if hi is not None else []
+    return f"{what} {' and '.join(parts)}" + (" (or None)" if none_ok else "")
+
+
+def validate_profile(prof: Profile) -> None:
+    """Refuse any field outside its range before anything runs (``ValueError`` naming the field and the range)."""
+    for name, (kind, lo, hi, lo_ok, hi_ok, none_ok) in _RANGES.items():
+        v = getattr(prof, name)
+        allowed = _range_text(kind, lo, hi, lo_ok, hi_ok, none_ok)
+        if v is None and none_ok:
+            continue
+        ok_type = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
+        if not ok_type or (kind is float and not math.isfinite(v)):
+            raise ValueError(f"profile field {name}={v!r} is invalid; allowed: {allowed}")
+        if (lo is not None and (v < lo if lo_ok else v <= lo)) or (hi is not None and (v > hi if hi_ok else v >= hi)):
+            raise ValueError(f"profile field {name}={v!r} is out of range; allowed: {allowed}")
+    for name in ("bertscore",):
+        if not isinstance(getattr(prof, name), bool):
+            raise ValueError(f"profile field {name}={getattr(prof, name)!r} is invalid; allowed: true or false")
+    if not isinstance(prof.name, str) or not prof.name:
+        raise ValueError(f"profile field name={prof.name!r} is invalid; allowed: a non-empty string")
+    check_choice("profile field tokenizer", prof.tokenizer, TOKENIZERS)
+    check_choice("profile field precision", prof.precision, PRECISIONS)
+    if prof.d_model % prof.n_heads:
+        raise ValueError(f"profile field n_heads={prof.n_heads} does not divide d_model={prof.d_model}; allowed: "
+                         f"{[h for h in range(1, prof.d_model + 1) if prof.d_model % h == 0]}")
+    if prof.d_model % 2 or (prof.d_model // prof.n_heads) % 2:
+        raise ValueError(f"profile fields d_model={prof.d_model} and d_model/n_heads={prof.d_model // prof.n_heads} "
+                         "must be even (sin/cos and rotation pairs)")
+    for name in ("val_every", "ckpt_every"):
+        if getattr(prof, name) % prof.log_every:
+            raise ValueError(f"profile field {name}={getattr(prof, name)} must be a multiple of "
+                             f"log_every={prof.log_every}")
 
 
 @dataclass
@@ -58,7 +129,7 @@ class Profile:
     max_steps: int = 1200  # updates per model
     label_smoothing: float = 0.1
     clip_norm: float = 1.0
-    bf16: bool = False  # bf16 autocast (GPU only)
+    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (see resolve_precision)
     # monitoring
     log_every: int = 50  # metrics line every N updates
     val_every: int = 250  # validation loss every N updates (multiple of log_every)
@@ -72,9 +143,7 @@ class Profile:
     bootstrap_samples: int = 1000
 
     def __post_init__(self):
-        for name in ("val_every", "ckpt_every"):
-            if getattr(self, name) % self.log_every:
-                raise ValueError(f"{name}={getattr(self, name)} must be a multiple of log_every={self.log_every}")
+        validate_profile(self)
 
     def model_kwargs(self) -> dict:
         keys = ("d_model", "n_heads", "num_layers", "num_decoder_layers", "dim_feedforward", "dropout")
@@ -93,36 +162,87 @@ PROFILES: dict[str, Profile] = {
     # 1200 updates with warmup 120. Measured on 2 cores: 0.33-0.5 s per update without positions,
     # about 1.35x that for Shaw: 7-14 minutes of training per model plus a few minutes of evaluation.
     "cpu": Profile(name="cpu"),
-    # One GPU (H100 class), bf16: larger model, longer sentences; four models + evaluation in ~20 min.
+    # One GPU: the base Transformer's body (d512, 8 heads, 6+6 layers, ff 2048; 52M parameters with a
+    # 16k joint BPE), <= 64-token pairs, ~24k target tokens per update, 3200 updates (~77M target
+    # tokens, ~4 epochs of 600k pairs). Sized by arithmetic in benchmarks/README.md: four schemes x two
+    # seeds train and decode in about 20 minutes on one H100 (bf16, --jobs 4), not yet calibrated on one.
     "gpu": Profile(
-        name="gpu", d_model=256, n_heads=8, num_layers=4, num_decoder_layers=4, dim_feedforward=1024,
-        vocab_size=16000, max_tokens=64, batch_tokens=12000, lr=1e-3, warmup=600, max_steps=4000, bf16=True,
-        log_every=100, val_every=500, val_pairs=500, ckpt_every=500,
+        name="gpu", d_model=512, n_heads=8, num_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+        vocab_size=16000, max_tokens=64, batch_tokens=24000, lr=8e-4, warmup=800, max_steps=3200,
+        log_every=100, val_every=400, val_pairs=500, ckpt_every=400,
     ),
 }  # fmt: skip
 
 
 def get_profile(name: str, overrides: dict | None = None) -> Profile:
-    """A profile by name with ``overrides`` (strings are converted to the field's type)."""
+    """A profile by name with ``overrides`` (strings are converted to the field's type, then validated)."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; valid choices: {', '.join(map(repr, PROFILES))}")
-    types = {f.name: f.type for f in fields(Profile)}
+    types = {f.name: str(f.type) for f in fields(Profile)}
     conv = {}
     for key, value in (overrides or {}).items():
         if key not in types or key == "name":
             raise ValueError(f"unknown profile field {key!r}; valid fields: {', '.join(t for t in types if t != 'name')}")
         if isinstance(value, str):
-            t = str(types[key])
-            if value.lower() == "none" and "None" in t:
-                value = None
-            elif t.startswith("bool"):
-                value = value.lower() in ("1", "true", "yes")
-            elif t.startswith("int"):
-                value = int(value)
-            elif t.startswith("float"):
-                value = float(value)
+            value = _parse_field(key, types[key], value.strip())
         conv[key] = value
     return replace(PROFILES[name], **conv)
+
+
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _parse_field(key: str, t: str, text: str):
+    """``--set key=text`` converted to the field's type ``t``; ``ValueError`` naming the field if it does not parse."""
+    if text.lower() == "none" and "None" in t:
+        return None
+    try:
+        if t.startswith("bool"):
+            return _BOOLS[text.lower()]
+        if t.startswith("int"):
+            return int(text)
+        if t.startswith("float"):
+            return float(text)
+    except (KeyError, ValueError):
+        kind = {"bool": "true or false", "int": "an integer", "float": "a number"}[t.split(" ")[0]]
+        raise ValueError(f"profile field {key}={text!r} is invalid; allowed: {kind}") from None
+    return text
+
+
+# -- precision -------------------------------------------------------------------------------------
+def cuda_bf16_native(device=None) -> bool:
+    """True on GPUs with bf16 in hardware (Ampere and later); emulated bf16 (T4, V100) counts as no."""
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch without the keyword
+        return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def resolve_precision(requested: str, device: str) -> str:
+    """The precision a run uses: ``auto`` -> ``bf16`` on GPUs with bf16, ``fp16`` (+ GradScaler) on older
+    GPUs, ``fp32`` on the CPU; an explicit ``bf16``/``fp16``/``fp32`` is kept (bf16 on a GPU without it is refused)."""
+    check_choice("precision", requested, PRECISIONS)
+    on_cuda = torch.device(device).type == "cuda"
+    if requested == "auto":
+        return ("bf16" if cuda_bf16_native(device) else "fp16") if on_cuda else "fp32"
+    if requested == "bf16" and on_cuda and not cuda_bf16_native(device):
+        raise ValueError(f"precision 'bf16' is not supported by this GPU ({torch.cuda.get_device_name(device)}); "
+                         "valid choices here: 'auto', 'fp16', 'fp32'")
+    return requested
+
+
+class Precision:
+    """Autocast context and (for fp16) a gradient scaler for one resolved precision on one device."""
+
+    def __init__(self, mode: str, device: str):
+        check_choice("precision", mode, PRECISIONS[1:])
+        self.mode, self.device_type = mode, torch.device(device).type
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
+        self.scaler = torch.amp.GradScaler(self.device_type) if mode == "fp16" else None
+
+    def autocast(self):
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype or torch.float32,
+                              enabled=self.dtype is not None)
 
 
 # -- distributed helpers ---------------------------------------------------------------------------
@@ -179,23 +299,22 @@ def lr_at(step: int, peak: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def validation_loss(model, dev: dict, tok, device: str, bf16: bool = False, batch: int = 64) -> float:
-    """Mean NLL per target token (no label smoothing) on the fixed dev subset."""
+def validation_loss(model, dev: dict, tok, device: str, prec: Precision | None = None, batch: int = 64) -> float:
+    """Mean NLL per target token (no label smoothing) on the fixed dev subset (one read from the device)."""
     was = model.training
     model.eval()
-    total, count = 0.0, 0
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
     for i in range(0, len(dev["src"]), batch):
         s, t_in, t_out = collate(dev["src"][i : i + batch], dev["tgt"][i : i + batch], tok.pad_id, tok.bos_id,
                                  tok.eos_id)
+        count += sum(len(r) + 1 for r in dev["tgt"][i : i + batch])
         s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=bf16 and device.startswith("cuda")):
+        with prec.autocast() if prec is not None else contextlib.nullcontext():
             logits = model(s, t_in, src_key_padding_mask=s == tok.pad_id)
-        nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1),
-                              ignore_index=tok.pad_id, reduction="sum")
-        total += float(nll)
-        count += int((t_out != tok.pad_id).sum())
+        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1),
+                                 ignore_index=tok.pad_id, reduction="sum")
     model.train(was)
-    return total / max(count, 1)
+    return float(total) / max(count, 1)
 
 
 def _read_metrics(path: Path, upto: int) -> list[dict]:
@@ -205,31 +324,103 @@ def _read_metrics(path: Path, upto: int) -> list[dict]:
     return [r for r in rows if r["step"] <= upto]
 
 
+# -- checkpoints and RNG states --------------------------------------------------------------------
+def rng_state() -> dict:
+    """This process's RNG states: the CPU generator and, when CUDA is present, every GPU's."""
+    st = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    return st
+
+
+def restore_rng_state(st, log=print) -> None:
+    """Restore :func:`rng_state` (or an older checkpoint's bare CPU state) on whatever device is here now.
+
+    The CPU state must be a CPU ``ByteTensor`` (a state loaded onto a GPU makes ``torch.set_rng_state``
+    raise ``TypeError``); CUDA states are restored when this machine has GPUs and skipped (with a note)
+    when the checkpoint was written without them.
+    """
+    if isinstance(st, torch.Tensor):
+        st = {"cpu": st}
+    torch.set_rng_state(st["cpu"].detach().to("cpu", torch.uint8))
+    if not torch.cuda.is_available():
+        return
+    cuda = st.get("cuda")
+    if not cuda:
+        log("note: the checkpoint holds no CUDA RNG state (written without a GPU): dropout masks from here on "
+            "differ from an uninterrupted GPU run")
+        return
+    n = min(len(cuda), torch.cuda.device_count())
+    for i in range(n):
+        torch.cuda.set_rng_state(cuda[i].detach().to("cpu", torch.uint8), i)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """Read a checkpoint on the CPU (whatever device wrote it); ``CheckpointError`` naming it if it is damaged."""
+    path = Path(path)
+    advice = f"delete {path} to retrain that model from scratch (its finished models are kept)"
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated, overwritten, not a torch file, written by an incompatible version
+        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(err).__name__}: {why}); {advice}") from None
+    missing = sorted({"model", "optim", "state", "rng"} - set(ck)) if isinstance(ck, dict) else ["everything"]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); {advice}")
+    return ck
+
+
+def _remove_stale_temps(ckpt_path: Path) -> None:
+    """A run killed between writing a checkpoint's temporary file and the rename leaves the temporary file."""
+    for p in ckpt_path.parent.glob(f".{ckpt_path.name}.*.tmp"):
+        p.unlink(missing_ok=True)
+
+
+def process_seed(seed: int, rank: int) -> int:
+    """The seed of process ``rank``'s dropout stream: every process of a torchrun job draws its own masks."""
+    return seed + rank
+
+
 def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: str | os.PathLike, *,
                 resume: bool = False, device: str = "cpu", progress: bool = True, stop_after: int | None = None,
-                log=print) -> dict:
-    """Train one model; returns ``{"model", "params", "updates", "wall_s", "tok_per_s", "epochs", "curve"}``.
+                ckpt_dir: str | os.PathLike | None = None, log=print) -> dict:
+    """Train one model; returns ``{"model", "params", "updates", "wall_s", "tok_per_s", "epochs", "curve", ...}``.
 
     ``data``: ``{"train": {"src", "tgt"}, "dev": {"src", "tgt"}}`` lists of token-id lists.
+    ``model_dir`` receives ``metrics.jsonl``; ``ckpt_dir`` (default ``model_dir``) ``checkpoint.pt``.
     ``stop_after``: stop (as if killed) after this many updates, for testing ``resume``.
     """
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path, metrics_path = model_dir / "checkpoint.pt", model_dir / "metrics.jsonl"
+    ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else model_dir
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path, metrics_path = ckpt_dir / "checkpoint.pt", model_dir / "metrics.jsonl"
     rank, world = dist_info()
-    set_seed(seed)
+    prec = Precision(resolve_precision(prof.precision, device), device)
+    set_seed(seed)  # the same initial weights in every process
     model = build_model(pe, tok.vocab_size, pad_id=tok.pad_id, **prof.model_kwargs()).to(device)
+    if world > 1:
+        set_seed(process_seed(seed, rank))  # ... but each process its own dropout masks
     opt = torch.optim.Adam(model.parameters(), lr=prof.lr, betas=(0.9, 0.98), eps=1e-9)
     state = {"step": 0, "epoch": 0, "batch_idx": 0, "wall": 0.0, "tokens": 0}
+    if resume:
+        _remove_stale_temps(ckpt_path)
     if resume and ckpt_path.is_file():
-        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optim"])
+        ck = load_checkpoint(ckpt_path)
+        try:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optim"])  # moves the optimizer state to the parameters' device
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise CheckpointError(f"checkpoint {ckpt_path} was made for another model or optimizer "
+                                  f"({str(err).strip().splitlines()[0][:160]}); delete it to retrain that model "
+                                  "from scratch, or use another --out folder") from None
+        if prec.scaler is not None and ck.get("scaler"):
+            prec.scaler.load_state_dict(ck["scaler"])
         state = ck["state"]
-        torch.set_rng_state(ck["rng"][rank] if rank < len(ck["rng"]) else ck["rng"][0])
+        restore_rng_state(ck["rng"][rank] if rank < len(ck["rng"]) else ck["rng"][0], log)
         log(f"resumed {model_dir.name} from update {state['step']}")
     elif resume:
-        log(f"no checkpoint in {model_dir}; starting {model_dir.name} from scratch")
+        log(f"no checkpoint {ckpt_path}; starting {model_dir.name} from scratch")
     curve = _read_metrics(metrics_path, state["step"])
     if rank == 0:
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in curve))
@@ -246,13 +437,14 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
 
         bar = tqdm(total=prof.max_steps, initial=state["step"], desc=f"{pe} seed {seed}", unit="upd", leave=False)
     if state["step"] == 0 and rank == 0 and not curve:
-        val = validation_loss(model, data["dev"], tok, device, prof.bf16)
+        val = validation_loss(model, data["dev"], tok, device, prec)
         curve.append({"step": 0, "wall_s": 0.0, "train_loss": None, "val_loss": round(val, 4), "tok_per_s": None,
                       "lr": 0.0})
         with open(metrics_path, "a") as f:
             f.write(json.dumps(curve[-1]) + "\n")
     model.train()
-    run_loss, run_tok, run_n, t_log = 0.0, 0, 0, time.perf_counter()
+    # the summed loss stays on the device and is read once per log line: no host sync per update
+    run_loss, run_tok, run_n, t_log = torch.zeros((), device=device), 0, 0, time.perf_counter()
     t_last = time.perf_counter()
     while state["step"] < prof.max_steps:
         if cache_epoch != state["epoch"]:
@@ -268,45 +460,55 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
         state["batch_idx"] += 1
         s, t_in, t_out = collate([train["src"][i] for i in b], [train["tgt"][i] for i in b], tok.pad_id, tok.bos_id,
                                  tok.eos_id)
-        s, t_in, t_out = s.to(device), t_in.to(device), t_out.to(device)
+        s = s.to(device, non_blocking=True)
+        t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(state["step"] + 1, prof.lr, prof.warmup)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=prof.bf16 and device.startswith("cuda")):
+        with prec.autocast():
             logits = net(s, t_in, src_key_padding_mask=s == tok.pad_id)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1),
                                ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
-        opt.step()
+        if prec.scaler is not None:  # fp16: scale the loss, unscale before clipping, skip steps with inf/nan
+            prec.scaler.scale(loss).backward()
+            prec.scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
+            prec.scaler.step(opt)
+            prec.scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
+            opt.step()
         state["step"] += 1
-        n_tok = int((t_out != tok.pad_id).sum()) * world
+        n_tok = sum(tgt_lens[i] for i in b) * world  # counted on the host from the batch's lengths
         state["tokens"] += n_tok
-        run_loss += loss.item()
+        run_loss += loss.detach()
         run_tok += n_tok
         run_n += 1
+        step = state["step"]
+        log_now = step % prof.log_every == 0 or step == prof.max_steps
+        train_loss = float(run_loss) / run_n if log_now else None  # the one read from the device per log line
         now = time.perf_counter()
         state["wall"] += now - t_last
         t_last = now
         if bar is not None:
             bar.update(1)
-        step = state["step"]
-        if step % prof.log_every == 0 or step == prof.max_steps:
-            row = {"step": step, "wall_s": round(state["wall"], 2), "train_loss": round(run_loss / run_n, 4),
+        if log_now:
+            row = {"step": step, "wall_s": round(state["wall"], 2), "train_loss": round(train_loss, 4),
                    "val_loss": None, "tok_per_s": round(run_tok / max(now - t_log, 1e-9), 1),
                    "lr": round(opt.param_groups[0]["lr"], 7)}
             if step % prof.val_every == 0 or step == prof.max_steps:
                 if rank == 0:
-                    row["val_loss"] = round(validation_loss(model, data["dev"], tok, device, prof.bf16), 4)
+                    row["val_loss"] = round(validation_loss(model, data["dev"], tok, device, prec), 4)
                     if bar is not None:
                         bar.set_postfix(val=row["val_loss"])
             if rank == 0:
                 curve.append(row)
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps(row) + "\n")
-            run_loss, run_tok, run_n = 0.0, 0, 0
+            run_loss, run_tok, run_n = torch.zeros((), device=device), 0, 0
             if step % prof.ckpt_every == 0 or step == prof.max_steps:
-                _save(model, opt, state, ckpt_path, step == prof.max_steps)
+                _save(model, opt, prec, state, ckpt_path, step == prof.max_steps)
             t_log = t_last = time.perf_counter()
         if stop_after is not None and step >= stop_after:
             break
@@ -315,22 +517,20 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     epochs = state["tokens"] / max(sum(tgt_lens), 1)
     return {"model": model, "params": model.num_parameters(), "updates": state["step"], "wall_s": round(state["wall"], 1),
             "tok_per_s": round(state["tokens"] / max(state["wall"], 1e-9), 1), "epochs": round(epochs, 3),
-            "curve": curve, "finished": state["step"] >= prof.max_steps}
+            "curve": curve, "finished": state["step"] >= prof.max_steps, "precision": prec.mode}
 
 
-def _save(model, opt, state, path: Path, finished: bool) -> None:
-    """Atomic checkpoint on rank 0, with every process's RNG state (all ranks must call this)."""
+def _save(model, opt, prec: Precision, state, path: Path, finished: bool) -> None:
+    """Atomic checkpoint on rank 0, with every process's RNG states (all ranks must call this)."""
     rank, world = dist_info()
-    rng = torch.get_rng_state()
-    rngs = [rng]
+    rngs = [rng_state()]
     if world > 1:
-        dev = "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"  # NCCL gathers GPU tensors only
-        rngs = [torch.empty_like(rng, device=dev) for _ in range(world)]
-        torch.distributed.all_gather(rngs, rng.to(dev))
-        rngs = [r.cpu() for r in rngs]
+        rngs = [None] * world
+        torch.distributed.all_gather_object(rngs, rng_state())
     if rank == 0:
         atomic_torch_save({"model": model.state_dict(), "optim": opt.state_dict(), "state": dict(state), "rng": rngs,
-                           "finished": finished, "config": model.config}, path)
+                           "scaler": prec.scaler.state_dict() if prec.scaler is not None else None,
+                           "precision": prec.mode, "finished": finished, "config": model.config}, path)
     barrier()
 
 

@@ -100,8 +100,8 @@ def test_resume_equals_uninterrupted(tmp_path):
     b = json.loads((tmp_path / "cut" / "shaw-seed1" / "result.json").read_text())
     strip = lambda curve: [(r["step"], r["train_loss"], r["val_loss"]) for r in curve]  # noqa: E731
     assert strip(a["curve"]) == strip(b["curve"])
-    wa = torch.load(tmp_path / "full" / "shaw-seed1" / "checkpoint.pt", weights_only=False)["model"]
-    wb = torch.load(tmp_path / "cut" / "shaw-seed1" / "checkpoint.pt", weights_only=False)["model"]
+    wa = torch.load(tmp_path / "full-ckpt" / "shaw-seed1" / "checkpoint.pt", weights_only=False)["model"]
+    wb = torch.load(tmp_path / "cut-ckpt" / "shaw-seed1" / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
