@@ -13,7 +13,7 @@ export HF_DATASETS_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 
-.PHONY: lab test unit nbval bench env clean kernel
+.PHONY: lab test unit nbval bench env clean kernel book
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,10 @@ test: env
 
 bench: env
 	$(BIN)/python -m benchmarks.run
+
+# the course website from the committed notebooks (no re-execution) -> build/book/html
+book: env
+	$(BIN)/python -m book.build
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,250 @@
+"""Build the course website from the committed, executed notebooks (no notebook is re-run).
+
+    python -m book.build            # or: make book
+    python -m book.build --out DIR  # default: build/book
+
+Steps: (1) write a Sphinx source tree under ``OUT/src``: the README as the home page, one page per
+notebook in ``notebooks/*.ipynb`` (a copy with a "Run it" box after its title and links to the
+library pages it uses), one page per ``posenc_lib`` module from its docstrings, and the Markdown
+files the README links to; (2) run Sphinx with ``book/conf.py`` into ``OUT/html``, a static folder
+ready for GitHub Pages (it contains ``.nojekyll``; MathJax is served from the site itself, so the
+pages render offline).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+DEFAULT_OUT = ROOT / "build" / "book"
+
+#: Markdown files outside the notebooks that the README or the lessons link to: repo path -> page name.
+EXTRA_PAGES = {"benchmarks/README.md": "benchmarks", "data/SOURCES.md": "data_sources"}
+NBVAL = ".venv/bin/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg"
+# offline, as make test runs them
+EXECUTE = ("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/jupyter nbconvert --to notebook --execute --inplace "
+           "--ExecutePreprocessor.timeout=1800")
+
+
+def lessons(root: Path = ROOT) -> list[Path]:
+    """Every lesson notebook, in course order (by file name)."""
+    return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def modules(root: Path = ROOT) -> list[str]:
+    """Names of the library's modules (``posenc_lib/*.py`` except ``__init__``), sorted."""
+    return sorted(p.stem for p in (root / "posenc_lib").glob("*.py") if p.stem != "__init__")
+
+
+def module_summary(path: Path) -> str:
+    """First line of a module's docstring (empty if it has none)."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return doc.strip().splitlines()[0].strip() if doc.strip() else ""
+
+
+def lessons_of_module(path: Path) -> list[str]:
+    """Lesson numbers (``"06"``) a module's docstring names as ``notebooks/NN…``."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return sorted(set(re.findall(r"notebooks/(\d\d)", doc)))
+
+
+def _rewrite_links(text: str, prefix: str, names: set[str]) -> str:
+    """Point Markdown links at repository files to their pages in the site.
+
+    ``prefix`` is the path from the page to the site's root (``""`` or ``"../"``); links are given
+    relative to the page's repository folder, so ``../posenc_lib/x.py`` (a lesson) and
+    ``posenc_lib/x.py`` (the README) both become the page for module ``x``.
+    """
+
+    def repl(m: re.Match) -> str:
+        label, target = m.group(1), m.group(2)
+        path = target.split("#")[0]
+        norm = re.sub(r"^(\.\./)+|^\./", "", path)
+        if re.match(r"posenc_lib/(\w+)\.py$", norm):
+            mod = norm[len("posenc_lib/"):-3]
+            if mod in names:
+                return f"[{label}]({prefix}api/{mod}.md)"
+        if re.match(r"notebooks/\d\d_\w+\.ipynb$", norm):
+            return f"[{label}]({prefix}lessons/{norm[len('notebooks/'):]})"
+        if norm in EXTRA_PAGES:
+            return f"[{label}]({prefix}{EXTRA_PAGES[norm]}.md)"
+        return m.group(0)
+
+    return re.sub(r"\[([^\]\n]*)\]\(([^)\s]+)\)", repl, text)
+
+
+def _reproduce_commands(nb: dict) -> list[str]:
+    """Experiment commands (``python -m posenc_lib.…``) quoted in a notebook's Markdown."""
+    found = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for line in "".join(cell["source"]).splitlines():
+            line = line.strip().strip("`")
+            if line.startswith("python -m posenc_lib.") and line not in found:
+                found.append(line)
+    return found
+
+
+def _modules_used(nb: dict, names: set[str]) -> list[str]:
+    used = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            for mod in re.findall(r"posenc_lib\.(\w+)", "".join(cell["source"])):
+                if mod in names and mod not in used:
+                    used.append(mod)
+    return used
+
+
+def run_it_box(name: str, nb: dict, names: set[str], teaching: dict[str, list[str]]) -> str:
+    """The box at the top of each lesson page: how to open it and reproduce its committed outputs."""
+    lines = [
+        "````{admonition} Run it",
+        ":class: tip",
+        "",
+        f"`make lab` → `notebooks/{name}`",
+        "",
+        "Reproduce the committed outputs (from the repository root; `make lab` or `make env` creates `.venv`):",
+        "",
+        "```bash",
+        "# re-run it top to bottom in a fresh kernel",
+        f"{EXECUTE} \\\n    notebooks/{name}",
+        "# compare a fresh run with the committed outputs",
+        f"{NBVAL} \\\n    notebooks/{name}",
+    ]
+    for cmd in _reproduce_commands(nb):
+        lines += ["# the experiment whose committed results it shows", f".venv/bin/{cmd}"]
+    lines.append("```")
+    used = _modules_used(nb, names)
+    number = name[:2]
+    for mod, nums in teaching.items():
+        if number in nums and mod not in used:
+            used.append(mod)
+    if used:
+        lines += ["", "Library: " + ", ".join(f"[{m}.py](../api/{m}.md)" for m in used)]
+    lines += ["````"]  # the box holds a fenced block, so its own fence has four backticks
+    return "\n".join(lines) + "\n"
+
+
+def write_lesson(src: Path, dst: Path, names: set[str], teaching: dict[str, list[str]]) -> str:
+    """Copy one notebook to the site with its "Run it" box; returns its title."""
+    nb = json.loads(src.read_text(encoding="utf-8"))
+    first = next(c for c in nb["cells"] if c["cell_type"] == "markdown")
+    text = "".join(first["source"])
+    title_line, _, rest = text.partition("\n")
+    if not title_line.startswith("# "):
+        raise ValueError(f"{src.name}: the first Markdown cell must start with a '# ' title, got {title_line!r}")
+    box = run_it_box(src.name, nb, names, teaching)
+    first["source"] = title_line + "\n\n" + box + "\n" + rest
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            cell["source"] = _rewrite_links("".join(cell["source"]), "../", names)
+    nb.get("metadata", {}).pop("widgets", None)  # no live kernel on a static site
+    dst.write_text(json.dumps(nb, ensure_ascii=False, indent=1), encoding="utf-8")
+    return title_line[2:].strip()
+
+
+def write_sources(out: Path) -> Path:
+    """Write the Sphinx source tree under ``out/src`` and return it."""
+    src = out / "src"
+    if src.exists():
+        shutil.rmtree(src)
+    (src / "lessons").mkdir(parents=True)
+    (src / "api").mkdir()
+    names = set(modules())
+    teaching = {m: lessons_of_module(ROOT / "posenc_lib" / f"{m}.py") for m in sorted(names)}
+
+    titles = [write_lesson(nb, src / "lessons" / nb.name, names, teaching) for nb in lessons()]
+    for m in sorted(names):
+        nums = teaching[m]
+        taught = {p.name[:2]: p for p in lessons()}
+        links = [f"[lesson {n}](../lessons/{taught[n].name})" for n in nums if n in taught]
+        page = [f"# {m}.py", ""]
+        if links:
+            page += ["Taught in " + ", ".join(links) + ".", ""]
+        page += [
+            f'Source: <a href="../_modules/posenc_lib/{m}.html"><code>posenc_lib/{m}.py</code></a> '
+            "(highlighted, with links back to each documented name).",
+            "",
+            f"```{{eval-rst}}\n.. automodule:: posenc_lib.{m}\n   :members:\n   :show-inheritance:\n```",
+            "",
+        ]
+        (src / "api" / f"{m}.md").write_text("\n".join(page), encoding="utf-8")
+
+    for repo_path, page in EXTRA_PAGES.items():
+        text = (ROOT / repo_path).read_text(encoding="utf-8")
+        prefix = "../" * repo_path.count("/")
+        # links in these files are relative to their folder: make them relative to the repository root
+        text = re.sub(r"\]\((?!https?:|#|mailto:)([^)\s]+)\)", lambda m: f"]({prefix}{m.group(1)})"
+                      if not m.group(1).startswith("../") else m.group(0), text)
+        text = _rewrite_links(text, "", names)
+        text = re.sub(r"\]\((?:\.\./)+", "](", text)
+        (src / f"{page}.md").write_text(_link_repo_files(text, src), encoding="utf-8")
+
+    readme = _rewrite_links((ROOT / "README.md").read_text(encoding="utf-8"), "", names)
+    readme = _link_repo_files(readme, src)
+    toc = ["", "```{toctree}", ":hidden:", ":caption: Lessons", ""]
+    toc += [f"lessons/{nb.stem}" for nb in lessons()]
+    toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Library", ""]
+    toc += [f"api/{m}" for m in sorted(names)]
+    toc += ["```", "", "```{toctree}", ":hidden:", ":caption: More", ""]
+    toc += list(EXTRA_PAGES.values()) + ["```", ""]
+    (src / "index.md").write_text(readme + "\n" + "\n".join(toc), encoding="utf-8")
+    (src / "lessons.json").write_text(json.dumps({nb.stem: t for nb, t in zip(lessons(), titles)}, indent=1))
+    return src
+
+
+def _link_repo_files(text: str, src: Path) -> str:
+    """Copy repository files that a page links to (figures, results) next to it so the links resolve."""
+
+    def repl(m: re.Match) -> str:
+        target = m.group(2)
+        if re.match(r"[a-z]+:|#|/", target) or target.endswith((".md", ".ipynb")):
+            return m.group(0)
+        path = ROOT / target.split("#")[0]
+        if path.is_file():
+            dest = src / "files" / target
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest)
+            return f"{m.group(1)}(files/{target})"
+        return m.group(0)
+
+    return re.sub(r"(!?\[[^\]\n]*\])\(([^)\s]+)\)", repl, text)
+
+
+def build(out: Path = DEFAULT_OUT, quiet: bool = True) -> Path:
+    """Write the sources and run Sphinx; returns the HTML folder (``out/html``)."""
+    out = Path(out).resolve()
+    t0 = time.perf_counter()
+    src = write_sources(out)
+    html = out / "html"
+    if html.exists():
+        shutil.rmtree(html)  # every build from scratch: nothing stale is published
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-E", "-a", "-c", str(BOOK), "-d", str(out / "doctrees"),
+           str(src), str(html), "-w", str(out / "warnings.txt")]
+    if quiet:
+        cmd.append("-q")
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    (html / ".nojekyll").touch()
+    print(f"book: {html} ({time.perf_counter() - t0:.0f} s)")
+    return html
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: build/book)")
+    ap.add_argument("--verbose", action="store_true", help="show Sphinx's progress")
+    args = ap.parse_args(argv)
+    build(args.out, quiet=not args.verbose)
+
+
+if __name__ == "__main__":
+    main()
