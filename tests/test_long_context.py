@@ -251,3 +251,79 @@ def test_partial_rotary_leaves_the_tail_of_each_head_untouched():
     oq, ok = scheme.rotate(q, k, ctx, 0)
     assert torch.equal(oq[..., 4:], q[..., 4:]) and torch.equal(ok[..., 4:], k[..., 4:])
     assert not torch.allclose(oq[..., :4], q[..., :4])
+
+
+# -------------------------------------------------------------------- the experiment (smoke size)
+from posenc_lib import longctx as lc  # noqa: E402
+
+
+def test_causal_lm_is_causal_and_a_scaling_swap_keeps_the_weights():
+    cfg = lc.SMOKE
+    m = lc.make_model("rope", cfg, 20).eval()
+    x = torch.randint(0, 20, (2, 12))
+    y = x.clone()
+    y[:, 7:] = torch.randint(0, 20, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(m(x)[:, :7], m(y)[:, :7])  # the future never leaks back
+        before = m(x)
+        lc.use_method(m, "rope", cfg, "linear")
+        after = m(x)
+        assert not torch.allclose(before, after)  # positions are read differently ...
+        lc.use_method(m, "rope", cfg, "none")
+        torch.testing.assert_close(m(x), before)  # ... and the weights are untouched
+
+
+def test_scalings_cover_every_method_and_extend_to_the_longest_length():
+    cfg = lc.COURSE
+    sc = lc.scalings(cfg)
+    assert tuple(sc) == lc.METHODS and sc["none"] is None
+    assert cfg.factor * cfg.train_len == cfg.long_len == 512
+    for method, s in sc.items():
+        if s is not None:
+            scaled_rope_frequencies(cfg.d_model // cfg.n_heads, scaling=s, seq_len=cfg.long_len)  # all valid
+
+
+def test_smoke_run_writes_results_resumes_and_refuses_another_config(tmp_path):
+    cfg = lc.SMOKE
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    logs = []
+    lc.run_all(cfg, [0], out, ckpt, names=["rope", "nope"], finetunes=[("rope", "yarn")], log=logs.append)
+    names = sorted(p.name for p in out.glob("*.json"))
+    assert names == ["nope_seed0.json", "rope+ft-yarn_seed0.json", "rope_seed0.json"]
+    recs = lc.load_results(out)
+    rope = next(r for r in recs if r["model"] == "rope" and r["kind"] == "pretrain")
+    assert set(rope["eval"]) == set(lc.METHODS)
+    for rows in rope["eval"].values():
+        assert [r["length"] for r in rows] == list(cfg.eval_lengths)
+        for r in rows:
+            assert r["ppl"] == pytest.approx(math.exp(r["nll"]), rel=1e-3) and 1 < r["ppl"] < rope["vocab_size"] * 2
+            assert 0 <= r["attention_entropy"] <= math.log(r["length"]) + 1e-3
+    # the untrained-at-long-length dynamic scaling changes nothing at the training length
+    assert rope["eval"]["dynamic"][0]["nll"] == rope["eval"]["none"][0]["nll"]
+    s = lc.summarize(recs)
+    assert ("finetune", "rope", "yarn") in s and s[("pretrain", "nope", "none")]["seeds"] == [0]
+    # resume: nothing left to do
+    logs.clear()
+    lc.run_all(cfg, [0], out, ckpt, names=["rope", "nope"], finetunes=[("rope", "yarn")], log=logs.append)
+    assert logs == ["skipping 3 finished result(s) in " + str(out)]
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="another configuration"):
+        lc.run_all(replace(cfg, steps=31), [0], out, ckpt, names=["nope"], finetunes=[], log=logs.append)
+
+
+def test_command_line_rejects_bad_flags(capsys):
+    for argv in (["--models", "rope,gpt"], ["--seeds", "a"], ["--jobs", "0"], ["--profile", "huge"]):
+        with pytest.raises(SystemExit) as e:
+            lc.main(argv)
+        assert e.value.code == 2
+    assert "valid choices: rope, rope-base500k" in capsys.readouterr().err
+
+
+def test_config_validation():
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        replace(lc.SMOKE, steps=0)
+    with pytest.raises(ValueError, match="eval_chars=10 is shorter"):
+        replace(lc.SMOKE, eval_chars=10)

@@ -1,0 +1,507 @@
+"""Long context on a CPU: train a small causal language model at context 64, run it at up to 512.
+
+The experiment behind notebooks/13_long_context.ipynb.  A character-level decoder-only
+Transformer is trained on the English side of the shipped Europarl text with a context of
+``train_len`` characters, then its perplexity is measured on unseen Europarl text in
+non-overlapping windows of 1x .. 8x that length:
+
+* **zero-shot**: the RoPE model read with each scaling of posenc_lib/rope_scaling.py
+  (``none``, ``linear`` = Position Interpolation, ``dynamic`` NTK, ``yarn``, ``llama3``), with
+  no further training;
+* **fine-tuned**: the same model after a short fine-tune (``finetune_steps`` updates, a few
+  percent of pre-training) on windows of the longest length, with that scaling in place --
+  Chen et al. 2023's claim is that this short fine-tune is all Position Interpolation needs;
+* **references**: ALiBi (Press et al. 2022) and no positional encoding (NoPE, Kazemnejad et al.
+  2023), trained and fine-tuned the same way;
+* **variants** for the lesson's side sections: RoPE with base 500,000 (Llama 3's base) and
+  partial rotary (only half of each head rotates, GPT-NeoX style), zero-shot.
+
+Each (model, seed) and each (fine-tune, seed) writes one JSON file into ``--out`` as soon as it
+finishes (temporary file + rename); a rerun skips finished files, so the run can be stopped
+and resumed.  Pre-trained weights go to ``--ckpt`` (not committed) for the fine-tunes.
+
+Command line::
+
+    python -m posenc_lib.longctx --profile smoke --out runs/longctx-smoke
+    python -m posenc_lib.longctx --profile course --seeds 0,1,2 --out results/long_context --jobs 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .data import SHIPPED_DIR, find_file, read_lines
+from .schemes import make_scheme
+from .utils import atomic_torch_save, atomic_write_json, check_positive_int, set_seed
+
+SCHEMA = "posenc.longctx/1"
+UNK = 0  # id of characters outside the vocabulary
+
+
+# -- configuration --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LongContextConfig:
+    """Everything that defines a run; the same for every model and seed."""
+
+    name: str = "course"
+    # -- data: characters of the shipped Europarl English side ---------------------------------
+    train_lines: int = 40000  # the first lines of train.en (about 3M characters), in document order
+    eval_offset: int = 260000  # evaluation text starts at this line of train.en: never trained on
+    eval_chars: int = 32768  # characters of evaluation text (the same windows for every model)
+    min_char_count: int = 20  # rarer characters map to UNK
+    # -- the model -------------------------------------------------------------------------------
+    d_model: int = 64
+    n_heads: int = 4  # head_dim 16: 8 rotation frequencies
+    num_layers: int = 2
+    dim_feedforward: int = 256
+    # -- pre-training at the short context -------------------------------------------------------
+    train_len: int = 64
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    grad_clip: float = 1.0
+    # -- evaluation and the fine-tune at the long context --------------------------------------
+    eval_lengths: tuple[int, ...] = (64, 128, 256, 512)
+    factor: float = 8.0  # the scaling factor s: longest eval length / train_len
+    finetune_steps: int = 100
+    finetune_batch: int = 4  # windows of the longest eval length: the same tokens per update
+    finetune_lr: float = 1e-3
+    threads: int = 1
+
+    def __post_init__(self):
+        for f in ("train_lines", "eval_offset", "eval_chars", "min_char_count", "d_model", "n_heads", "num_layers",
+                  "dim_feedforward", "train_len", "steps", "batch_size", "warmup", "finetune_steps",
+                  "finetune_batch", "threads"):  # fmt: skip
+            check_positive_int(f, getattr(self, f))
+        if not self.eval_lengths or any(check_positive_int("eval length", n) < 2 for n in self.eval_lengths):
+            raise ValueError(f"eval_lengths must be lengths >= 2, got {self.eval_lengths}")
+        if self.eval_chars < max(self.eval_lengths):
+            raise ValueError(f"eval_chars={self.eval_chars} is shorter than the longest eval length")
+        if not self.factor >= 1:
+            raise ValueError(f"factor must be >= 1, got {self.factor}")
+
+    @property
+    def long_len(self) -> int:
+        return max(self.eval_lengths)
+
+
+#: ``course``: the lesson's numbers (see the README for the time it took)
+COURSE = LongContextConfig()
+#: ``smoke``: seconds per model, for tests and CI; learns little
+SMOKE = LongContextConfig(
+    name="smoke", train_lines=3000, eval_chars=1024, d_model=32, n_heads=2, num_layers=1, dim_feedforward=64,
+    train_len=16, steps=30, batch_size=8, warmup=5, eval_lengths=(16, 32, 64), factor=4.0, finetune_steps=5,
+    finetune_batch=2,
+)  # fmt: skip
+PROFILES = {"course": COURSE, "smoke": SMOKE}
+
+
+def scalings(cfg: LongContextConfig) -> dict[str, dict | None]:
+    """The zero-shot methods: name -> ``scaling`` dict for ``RotaryScheme`` (None = plain RoPE)."""
+    L, s = cfg.train_len, cfg.factor
+    return {
+        "none": None,
+        "linear": {"rope_type": "linear", "factor": s},
+        # factor 1: the base grows just enough that the slowest frequency turns, at the current
+        # length n, exactly as far as it did at L (alpha = n / L)
+        "dynamic": {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L},
+        "yarn": {"rope_type": "yarn", "factor": s, "original_max_position_embeddings": L,
+                 "beta_fast": 32.0, "beta_slow": 1.0},
+        "llama3": {"rope_type": "llama3", "factor": s, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": L},
+    }  # fmt: skip
+
+
+METHODS = ("none", "linear", "dynamic", "yarn", "llama3")
+
+
+def models(cfg: LongContextConfig) -> dict[str, tuple[str, dict, tuple[str, ...]]]:
+    """Pre-trained models: name -> (scheme, options, zero-shot methods to evaluate)."""
+    head_dim = cfg.d_model // cfg.n_heads
+    return {
+        "rope": ("rope", {"interleaved": False}, METHODS),
+        "rope-base500k": ("rope", {"interleaved": False, "base": 500000.0}, METHODS),
+        "rope-partial": ("rope", {"interleaved": False, "rotary_dim": head_dim // 2}, METHODS),
+        "alibi": ("alibi", {}, ("none",)),
+        "nope": ("none", {}, ("none",)),
+    }
+
+
+#: fine-tunes at the long length: (pre-trained model, method)
+FINETUNES: tuple[tuple[str, str], ...] = tuple(("rope", m) for m in METHODS) + (("alibi", "none"), ("nope", "none"))
+
+
+# -- data -----------------------------------------------------------------------------------------
+def load_text(cfg: LongContextConfig, data_dir: str | Path = SHIPPED_DIR) -> tuple[str, str]:
+    """``(train_text, eval_text)``: Europarl English lines joined by newlines (document order)."""
+    lines = read_lines(find_file(data_dir, "train.en"))
+    if len(lines) < cfg.eval_offset + 10:
+        raise ValueError(f"train.en has {len(lines)} lines; eval_offset={cfg.eval_offset} needs more")
+    train = "\n".join(lines[: min(cfg.train_lines, cfg.eval_offset)])
+    ev = ""
+    i = cfg.eval_offset
+    while len(ev) < cfg.eval_chars and i < len(lines):
+        ev += lines[i] + "\n"
+        i += 1
+    if len(ev) < cfg.eval_chars:
+        raise ValueError(f"not enough text after line {cfg.eval_offset} for eval_chars={cfg.eval_chars}")
+    return train, ev[: cfg.eval_chars]
+
+
+class CharVocab:
+    """Characters seen at least ``min_count`` times; id 0 is UNK."""
+
+    def __init__(self, text: str, min_count: int):
+        counts = Counter(text)
+        self.chars = ["\0"] + sorted(c for c, n in counts.items() if n >= min_count)
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.tensor([self.index.get(c, UNK) for c in text], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+
+def random_windows(ids: torch.Tensor, length: int, batch: int, g: torch.Generator) -> torch.Tensor:
+    """``(batch, length + 1)`` random windows of the token stream (inputs and next-token targets)."""
+    start = torch.randint(0, ids.numel() - length - 1, (batch,), generator=g)
+    return torch.stack([ids[s : s + length + 1] for s in start.tolist()])
+
+
+# -- the model ------------------------------------------------------------------------------------
+class Block(nn.Module):
+    """Pre-norm decoder block: causal self-attention, then a feed-forward layer."""
+
+    def __init__(self, d_model: int, n_heads: int, dim_feedforward: int):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads)
+        self.ff = nn.Sequential(nn.Linear(d_model, dim_feedforward), nn.GELU(), nn.Linear(dim_feedforward, d_model))
+
+    def forward(self, x, pos, ctx, layer, need_weights=False):
+        a = self.attn(self.norm1(x), causal=True, pos=pos, ctx=ctx, layer=layer, need_weights=need_weights)
+        a, w = a if need_weights else (a, None)
+        x = x + a
+        return x + self.ff(self.norm2(x)), w
+
+
+class CausalLM(nn.Module):
+    """A small decoder-only language model whose positions come from any course scheme.
+
+    ``pe`` and ``options`` go to :func:`~posenc_lib.schemes.make_scheme` with ``causal=True``;
+    :meth:`set_scheme` swaps the scheme of a trained model (RoPE schemes hold no weights), which is
+    how a RoPE model is read with a different ``scaling``.
+    """
+
+    def __init__(self, vocab_size: int, pe: str, *, d_model: int, n_heads: int, num_layers: int,
+                 dim_feedforward: int, **options):  # fmt: skip
+        super().__init__()
+        self.dims = (d_model, n_heads, num_layers)
+        self.embed = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)  # tied output: logits start near 0
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, dim_feedforward) for _ in range(num_layers))
+        self.norm = nn.LayerNorm(d_model)
+        self.set_scheme(pe, **options)
+
+    def set_scheme(self, pe: str, **options) -> None:
+        self.pos = make_scheme(pe, *self.dims, causal=True, **options)
+
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False):
+        """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.embed(tokens) * math.sqrt(self.dims[0])
+        code = self.pos.embed(positions)
+        if code is not None:
+            x = x + code
+        ctx = self.pos.prepare(positions, positions)
+        weights = []
+        for i, block in enumerate(self.blocks):
+            x, w = block(x, self.pos, ctx, i, need_weights)
+            weights.append(w)
+        logits = self.norm(x) @ self.embed.weight.t()
+        return (logits, weights) if need_weights else logits
+
+    def loss(self, windows: torch.Tensor) -> torch.Tensor:
+        """Mean next-character cross-entropy (nats) of ``windows (batch, T + 1)``."""
+        logits = self(windows[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+
+
+def make_model(name: str, cfg: LongContextConfig, vocab_size: int, method: str = "none") -> CausalLM:
+    pe, options, _ = models(cfg)[name]
+    scaling = scalings(cfg)[method]
+    if scaling is not None:
+        options = {**options, "scaling": scaling}
+    return CausalLM(vocab_size, pe, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
+                    dim_feedforward=cfg.dim_feedforward, **options)  # fmt: skip
+
+
+def use_method(model: CausalLM, name: str, cfg: LongContextConfig, method: str) -> CausalLM:
+    """Read the trained ``model`` with the zero-shot ``method`` (a scaling of its RoPE)."""
+    pe, options, _ = models(cfg)[name]
+    scaling = scalings(cfg)[method]
+    model.set_scheme(pe, **({**options, "scaling": scaling} if scaling is not None else options))
+    return model
+
+
+# -- training and evaluation ----------------------------------------------------------------------
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of ``peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, steps: int, lr: float, warmup: int,
+                grad_clip: float, seed: int, log_every: int = 50) -> list[float]:  # fmt: skip
+    """Train on random windows; returns the mean loss of every ``log_every`` updates."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    losses, window = [], torch.zeros(())
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        loss = model.loss(random_windows(ids, length, batch, g))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        window = window + loss.detach()
+        if (step + 1) % log_every == 0 or step == steps - 1:
+            n = (step % log_every) + 1
+            losses.append(round(float(window) / n, 5))  # read from the device only here
+            window = torch.zeros(())
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def evaluate(model: CausalLM, ids: torch.Tensor, lengths: Sequence[int], *, bins: int = 8) -> list[dict]:
+    """Per length: mean NLL (nats/char) and perplexity over non-overlapping windows of ``ids``;
+    the NLL in ``bins`` equal position bins; the mean attention entropy (nats) of every query row."""
+    model.eval()
+    rows = []
+    for n in lengths:
+        k = (ids.numel() - 1) // n
+        x = ids[: k * n].view(k, n)
+        y = ids[1 : k * n + 1].view(k, n)
+        nll = torch.zeros(n)
+        ent = torch.zeros(())
+        for i in range(0, k, 16):
+            logits, weights = model(x[i : i + 16], need_weights=True)
+            nll += F.cross_entropy(logits.transpose(1, 2), y[i : i + 16], reduction="none").sum(0)
+            for w in weights:  # (batch, heads, n, n), rows sum to 1
+                ent += -(w * w.clamp_min(1e-12).log()).sum(-1).mean(dim=(1, 2)).sum() / len(weights)
+        nll, ent = nll / k, ent / k
+        mean = float(nll.mean())
+        rows.append({
+            "length": n, "nll": round(mean, 5), "ppl": round(math.exp(mean), 4), "windows": k,
+            "nll_by_position": [round(float(v), 4) for v in nll.view(bins, -1).mean(1)] if n % bins == 0 else None,
+            "attention_entropy": round(float(ent), 4),
+        })  # fmt: skip
+    return rows
+
+
+# -- the jobs -------------------------------------------------------------------------------------
+def result_path(out, name: str, seed: int, method: str | None = None) -> Path:
+    stem = name if method is None else f"{name}+ft-{method}"
+    return Path(out) / f"{stem}_seed{seed}.json"
+
+
+def ckpt_path(ckpt, cfg: LongContextConfig, name: str, seed: int) -> Path:
+    return Path(ckpt) / cfg.name / f"{name}_seed{seed}.pt"
+
+
+_DATA: dict[tuple, Any] = {}
+
+
+def data(cfg: LongContextConfig, data_dir=SHIPPED_DIR):
+    """``(vocab, train_ids, eval_ids)``, cached per process."""
+    key = (cfg.train_lines, cfg.eval_offset, cfg.eval_chars, cfg.min_char_count, str(data_dir))
+    if key not in _DATA:
+        train, ev = load_text(cfg, data_dir)
+        vocab = CharVocab(train, cfg.min_char_count)
+        _DATA[key] = (vocab, vocab.encode(train), vocab.encode(ev))
+    return _DATA[key]
+
+
+def _record(kind, name, seed, cfg, model, losses, seconds, evals, **extra) -> dict:
+    return {"schema": SCHEMA, "kind": kind, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+            "num_parameters": sum(p.numel() for p in model.parameters()), "train_loss": losses,
+            "train_seconds": round(seconds, 1), "eval": evals, "torch": torch.__version__, **extra}  # fmt: skip
+
+
+def pretrain(name: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
+    """Train one model at ``train_len``, evaluate its zero-shot methods, save weights and results."""
+    torch.set_num_threads(cfg.threads)
+    vocab, train_ids, eval_ids = data(cfg)
+    set_seed(seed)
+    model = make_model(name, cfg, len(vocab))
+    t0 = time.perf_counter()
+    losses = train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
+                         warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    atomic_torch_save(model.state_dict(), ckpt_path(ckpt, cfg, name, seed))
+    evals = {}
+    for method in models(cfg)[name][2]:
+        evals[method] = evaluate(use_method(model, name, cfg, method), eval_ids, cfg.eval_lengths)
+    rec = _record("pretrain", name, seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab))
+    atomic_write_json(result_path(out, name, seed), rec)
+    return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, " + _ppl_line(evals)
+
+
+def finetune(name: str, method: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
+    """Fine-tune a pre-trained model at the longest length with ``method`` in place; evaluate it."""
+    torch.set_num_threads(cfg.threads)
+    vocab, train_ids, eval_ids = data(cfg)
+    set_seed(seed)
+    model = make_model(name, cfg, len(vocab), method)
+    model.load_state_dict(torch.load(ckpt_path(ckpt, cfg, name, seed), map_location="cpu"))
+    t0 = time.perf_counter()
+    losses = train_steps(model, train_ids, length=cfg.long_len, batch=cfg.finetune_batch, steps=cfg.finetune_steps,
+                         lr=cfg.finetune_lr, warmup=max(1, cfg.finetune_steps // 10), grad_clip=cfg.grad_clip,
+                         seed=10_000 + seed, log_every=10)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    evals = {method: evaluate(model, eval_ids, cfg.eval_lengths)}
+    rec = _record("finetune", name, seed, cfg, model, losses, seconds, evals, method=method, vocab_size=len(vocab))
+    atomic_write_json(result_path(out, name, seed, method), rec)
+    return f"done {name}+ft-{method} seed {seed}: {seconds:.0f} s, " + _ppl_line(evals)
+
+
+def _ppl_line(evals: dict) -> str:
+    return "; ".join(f"{m}: " + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in rows) for m, rows in evals.items())
+
+
+def _done(path: Path, cfg: LongContextConfig) -> bool:
+    if not path.exists():
+        return False
+    rec = json.loads(path.read_text())
+    if rec.get("config") != json.loads(json.dumps(asdict(cfg))):
+        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}); "
+                         f"delete it or pass another --out")  # fmt: skip
+    return True
+
+
+def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: Sequence[str] | None = None,
+            finetunes: Sequence[tuple[str, str]] | None = None, jobs: int = 1, log=print) -> None:  # fmt: skip
+    """Pre-train every model not yet done, then every fine-tune; ``jobs`` worker processes."""
+    jobs = check_positive_int("jobs", jobs)
+    names = list(models(cfg)) if names is None else list(names)
+    finetunes = [f for f in FINETUNES if f[0] in names] if finetunes is None else list(finetunes)
+    phase1 = [(pretrain, (n, s, cfg, out, ckpt)) for n in names for s in seeds if not _done(result_path(out, n, s), cfg)]
+    phase2 = [(finetune, (n, m, s, cfg, out, ckpt)) for n, m in finetunes for s in seeds
+              if not _done(result_path(out, n, s, m), cfg)]  # fmt: skip
+    for n, _m in finetunes:  # a fine-tune needs its pre-trained weights: redo the model if they are gone
+        for s in seeds:
+            if _done(result_path(out, n, s), cfg) and not ckpt_path(ckpt, cfg, n, s).exists() and any(
+                    a[:3] == (n, _m, s) for _, a in phase2):  # fmt: skip
+                log(f"weights of {n} seed {s} missing in {ckpt}: training it again")
+                result_path(out, n, s).unlink()
+                phase1.append((pretrain, (n, s, cfg, out, ckpt)))
+    skipped = len(names) * len(seeds) + len(finetunes) * len(seeds) - len(phase1) - len(phase2)
+    if skipped:
+        log(f"skipping {skipped} finished result(s) in {out}")
+    for phase in (phase1, phase2):
+        if jobs == 1:
+            for fn, args in phase:
+                log(fn(*args))
+        elif phase:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+                for f in as_completed([pool.submit(fn, *args) for fn, args in phase]):
+                    log(f.result())
+
+
+# -- reading results ------------------------------------------------------------------------------
+def load_results(out) -> list[dict]:
+    """Every result record in ``out``, checked."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no results folder {out}")
+    recs = [json.loads(p.read_text()) for p in sorted(out.glob("*_seed*.json"))]
+    for r in recs:
+        missing = {"schema", "kind", "model", "seed", "config", "eval"} - set(r)
+        if missing or r["schema"] != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} record (missing {sorted(missing)})")
+    return recs
+
+
+def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, str, str], dict]:
+    """``(kind, model, method)`` -> lengths, mean, min, max over seeds, seeds."""
+    groups: dict[tuple[str, str, str], list[list[float]]] = {}
+    lengths: dict[tuple[str, str, str], list[int]] = {}
+    seeds: dict[tuple[str, str, str], list[int]] = {}
+    for r in records:
+        for method, rows in r["eval"].items():
+            key = (r["kind"], r["model"], method)
+            groups.setdefault(key, []).append([row[metric] for row in rows])
+            lengths[key] = [row["length"] for row in rows]
+            seeds.setdefault(key, []).append(r["seed"])
+    out = {}
+    for key, vals in groups.items():
+        t = torch.tensor(vals, dtype=torch.float64)
+        out[key] = {"lengths": lengths[key], "mean": t.mean(0).tolist(), "min": t.min(0).values.tolist(),
+                    "max": t.max(0).values.tolist(), "seeds": sorted(seeds[key])}  # fmt: skip
+    return out
+
+
+# -- command line ---------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m posenc_lib.longctx", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
+    p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(models(COURSE)))
+    p.add_argument("--no-finetune", action="store_true", help="pre-train and evaluate zero-shot only")
+    p.add_argument("--out", default="results/long_context")
+    p.add_argument("--ckpt", default="runs/longctx", help="where pre-trained weights are kept for the fine-tunes")
+    p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
+    p.add_argument("--resume", action="store_true",
+                   help="accepted for clarity: finished result files are always skipped")  # fmt: skip
+    a = p.parse_args(argv)
+    cfg = PROFILES[a.profile]
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
+    if not seeds:
+        p.error("--seeds is empty")
+    valid = list(models(cfg))
+    names = valid if a.models == "all" else [m.strip() for m in a.models.split(",") if m.strip()]
+    bad = [m for m in names if m not in valid]
+    if bad or not names:
+        p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
+    if a.jobs < 1:
+        p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    t0 = time.perf_counter()
+    run_all(cfg, seeds, a.out, a.ckpt, names=names, finetunes=[] if a.no_finetune else None, jobs=a.jobs)
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["LongContextConfig", "CausalLM", "PROFILES", "METHODS", "scalings", "models", "run_all", "load_results",
+           "summarize", "evaluate"]  # fmt: skip
