@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .utils import check_positive_int
+from .utils import check_float_range, check_positive_int
 
 
 def integer_positions(length: int, dtype=torch.float32) -> torch.Tensor:
@@ -71,17 +71,21 @@ class LearnedPositionalEmbedding(nn.Module):
         super().__init__()
         self.max_len = check_positive_int("max_len", max_len)
         self.d_model = check_positive_int("d_model", d_model)
-        self.weight = nn.Parameter(torch.randn(self.max_len, self.d_model) * init_std)
+        self.weight = nn.Parameter(torch.randn(self.max_len, self.d_model) * check_float_range("init_std", init_std, 0.0))
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        """``positions: (seq,)`` int64 -> ``(seq, d_model)``."""
-        if positions.numel() and int(positions.max()) >= self.max_len:
+        """``positions: (seq,)`` int64 -> ``(seq, d_model)``.
+
+        The range check reads the positions, so it runs on CPU tensors only (on an
+        accelerator it would stall the device; the model checks lengths with plain ints).
+        """
+        if positions.numel() and on_host(positions) and int(positions.max()) >= self.max_len:
             raise ValueError(
                 f"position {int(positions.max())} is beyond the learned table (max_len={self.max_len}, "
                 f"valid positions 0..{self.max_len - 1}); build the model with a larger max_len "
                 f"or use a scheme that extrapolates (sinusoidal, rope, t5, alibi, ...)"
             )
-        if positions.numel() and int(positions.min()) < 0:
+        if positions.numel() and on_host(positions) and int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
         return self.weight[positions]
 
@@ -107,7 +111,7 @@ def hierarchical_positions(table: torch.Tensor, alpha: float = 0.4) -> torch.Ten
     return q.reshape(n * n, table.shape[1])
 
 
-from .attention import PositionScheme  # noqa: E402
+from .attention import PositionScheme, on_host  # noqa: E402
 
 
 class LearnedScheme(PositionScheme):
@@ -121,6 +125,10 @@ class LearnedScheme(PositionScheme):
         # std 1 matches the scale of the model's token embeddings (std d^-1/2 times sqrt(d)),
         # so the code is not drowned at the start of a short training run
         self.table = LearnedPositionalEmbedding(max_len, d_model, init_std=init_std)
+
+    @property
+    def max_positions(self) -> int:
+        return self.table.max_len
 
     def embed(self, positions):
         return self.table(positions)

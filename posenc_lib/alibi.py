@@ -53,12 +53,14 @@ BIDIRECTIONAL = ("symmetric", "split")
 
 
 def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool = False) -> torch.Tensor:
-    """``(1, heads, q_len, k_len)`` bias ``-m_h * |k_pos - q_pos|``.
+    """``(1, heads, q_len, k_len)`` float32 bias ``-m_h * |k_pos - q_pos|``.
 
+    Always float32, whatever the dtype of ``slopes``: a bf16 distance is already rounded
+    above 256 (8 significant bits), before the multiply.
     ``split=True``: even heads get ``-inf`` for keys right of the query, odd heads for keys left of it.
     """
     rel = relative_positions(q_pos, k_pos)
-    bias = -(slopes[:, None, None] * rel.abs().to(slopes.dtype)[None])
+    bias = -(slopes.float()[:, None, None] * rel.abs().float()[None])
     if split:
         heads = torch.arange(slopes.shape[0], device=slopes.device)[:, None, None]
         hidden = torch.where(heads % 2 == 0, rel[None] > 0, rel[None] < 0)
@@ -77,6 +79,12 @@ class ALiBi(PositionScheme):
             raise ValueError(f"bidirectional='split' needs at least 2 heads, got n_heads={n_heads}")
         self.bidirectional = bidirectional
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.slopes.dtype != torch.float32:  # model.to(bfloat16) must not round the slopes
+            self.slopes = alibi_slopes(self.n_heads).to(self.slopes.device)
+        return self
 
     def prepare(self, q_pos, k_pos):
         split = self.bidirectional == "split" and not self.causal

@@ -18,10 +18,25 @@ sets ``score_terms = 3`` (its 1/sqrt(3d) scale).  ``prepare`` runs once per
 forward pass of a stack and returns a context (relative-index matrices, the T5
 bias, RoPE's cos/sin) that every layer of the stack reuses.
 
-When a scheme has no ``scores``/``values`` hooks the module calls
-``torch.nn.functional.scaled_dot_product_attention`` (the fused kernel), with
-the bias and masks folded into one float ``attn_mask``; otherwise it computes
-the softmax explicitly.
+Which computation runs is decided in one place, :func:`choose_attention_path`,
+from what the scheme declares (``adds_bias``, ``adds_scores``, ``adds_values``;
+derived from the hooks it overrides): without score or value terms the module
+calls ``torch.nn.functional.scaled_dot_product_attention`` (the fused kernel),
+with the bias and masks folded into one float ``attn_mask``; otherwise it
+computes the softmax explicitly.  A causal self-attention with nothing to mask
+but the future (no padding, no bias) passes ``is_causal=True`` and *no* mask,
+the only form the flash kernels on a GPU accept.
+
+Causal self-attention: the queries are the newest ``q_len`` of the ``k_len``
+keys (a decoder cache holds only earlier positions), so the causal mask is
+"key position <= query position" read bottom-right: with ``q_len == k_len``
+it is SDPA's ``is_causal``; with ``q_len == 1`` (a cached step) it masks nothing.
+
+Position biases are built in float32 whatever the autocast or parameter dtype
+(a bf16 distance is already rounded above 256); they are cast to the kernel's
+dtype only where they enter it.  Nothing in a forward pass reads a value back
+from the device (``.item()``, ``int(tensor)``): checks that must read values run
+only on CPU tensors (:func:`on_host`), where reading costs no synchronisation.
 
 Shapes: ``q: (batch, heads, q_len, head_dim)``, ``k, v: (batch, heads, k_len, head_dim)``;
 positions ``q_pos: (q_len,)``, ``k_pos: (k_len,)`` are absolute (a cached decoder
@@ -32,6 +47,7 @@ Taught across notebooks/05-10; the module is the common ground of them all.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +55,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from .utils import check_divides
+
+
+def on_host(t: torch.Tensor) -> bool:
+    """True when reading ``t``'s values costs no device synchronisation (a CPU tensor).
+
+    Checks that must look at values (token ids beyond the vocabulary, positions
+    beyond a learned table) run only then; on an accelerator the read would stall
+    the device on every call, and the model's own positions never need it.
+    """
+    return t.device.type == "cpu"
 
 
 class PositionScheme(nn.Module):
@@ -53,6 +79,19 @@ class PositionScheme(nn.Module):
     where = "nowhere"
     #: number of score terms that share the 1/sqrt(head_dim * score_terms) scale
     score_terms = 1
+    #: what the scheme adds inside attention, read by :func:`choose_attention_path`; a subclass
+    #: gets them from the hooks it overrides (``bias``, ``scores``, ``values``) unless it sets them
+    adds_bias = False
+    adds_scores = False
+    adds_values = False
+    #: the number of positions the scheme can code (a learned table's rows), or None for any
+    max_positions: int | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for flag, hook in (("adds_bias", "bias"), ("adds_scores", "scores"), ("adds_values", "values")):
+            if flag not in cls.__dict__:
+                setattr(cls, flag, getattr(cls, hook) is not getattr(PositionScheme, hook))
 
     def __init__(self, d_model: int, n_heads: int, num_layers: int, causal: bool = False):
         super().__init__()
@@ -91,11 +130,52 @@ class PositionScheme(nn.Module):
     @property
     def fused(self) -> bool:
         """True when attention can use the fused ``scaled_dot_product_attention`` kernel."""
-        cls = type(self)
-        return cls.scores is PositionScheme.scores and cls.values is PositionScheme.values
+        return choose_attention_path(self, q_len=1, k_len=1, causal=False, padded=False).fused
 
     def extra_repr(self) -> str:
         return f"causal={self.causal}"
+
+
+@dataclass(frozen=True)
+class AttentionPath:
+    """How one attention call is computed (see :func:`choose_attention_path`).
+
+    ``fused``: ``scaled_dot_product_attention``, else scores and softmax written out.
+    ``is_causal``: fused only; SDPA applies the causal mask itself and gets no ``attn_mask``
+    (the one form every kernel, flash included, accepts).
+    ``causal_mask``: a causal part must be built into the boolean mask.
+    """
+
+    fused: bool
+    is_causal: bool
+    causal_mask: bool
+
+
+def choose_attention_path(
+    scheme: PositionScheme | None,
+    *,
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    padded: bool,
+    need_weights: bool = False,
+) -> AttentionPath:
+    """Pick the computation from what ``scheme`` declares and the call's shape (no tensors read).
+
+    * score or value terms (shaw, xlnet, deberta), or weights wanted: explicit softmax;
+    * otherwise the fused kernel; a bias (t5, alibi) rides along as a float ``attn_mask``;
+    * causal self-attention: queries are the newest ``q_len`` keys, so one query (a cached
+      step) needs no causal mask, and ``q_len == k_len`` with no padding and no bias goes to
+      SDPA as ``is_causal=True`` with no mask.  SDPA's ``is_causal`` is aligned top-left, so it
+      is never used when ``q_len != k_len``.
+    """
+    adds_scores = scheme is not None and scheme.adds_scores
+    adds_values = scheme is not None and scheme.adds_values
+    adds_bias = scheme is not None and scheme.adds_bias
+    fused = not (adds_scores or adds_values or need_weights)
+    needs_causal = causal and q_len > 1
+    is_causal = fused and needs_causal and q_len == k_len and not padded and not adds_bias
+    return AttentionPath(fused=fused, is_causal=is_causal, causal_mask=needs_causal and not is_causal)
 
 
 def merge_masks(
@@ -186,43 +266,47 @@ class MultiHeadAttention(nn.Module):
                     cache["k"], cache["v"] = k, v
         k_len = k.shape[2]
 
+        path = choose_attention_path(
+            pos, q_len=q_len, k_len=k_len, causal=causal, padded=key_padding_mask is not None,
+            need_weights=want_weights,
+        )  # fmt: skip
         q_pos = ctx["q_pos"] if ctx is not None else None
         k_pos = ctx["k_pos"] if ctx is not None else None
         if causal and q_pos is None:
             q_pos = torch.arange(k_len - q_len, k_len, device=x.device)
             k_pos = torch.arange(k_len, device=x.device)
-        allowed = merge_masks(q_len, k_len, causal=causal, q_pos=q_pos, k_pos=k_pos, key_padding_mask=key_padding_mask)
+        allowed = merge_masks(
+            q_len, k_len, causal=path.causal_mask, q_pos=q_pos, k_pos=k_pos, key_padding_mask=key_padding_mask
+        )
         bias = pos.bias(ctx, layer) if pos is not None else None
-        extra = pos.scores(q, k, ctx, layer, self) if pos is not None else None
         terms = pos.score_terms if pos is not None else 1
         scale = 1.0 / math.sqrt(self.head_dim * terms)
         p_drop = self.dropout if self.training else 0.0
 
-        use_value_hook = pos is not None and type(pos).values is not PositionScheme.values
-        if extra is None and not use_value_hook and not want_weights:
+        if path.fused:
             mask = allowed
             if bias is not None:
-                mask = bias.to(q.dtype)
+                mask = bias.to(q.dtype)  # built in float32; cast only where it enters the kernel
                 if allowed is not None:
                     mask = mask.masked_fill(~allowed, float("-inf"))
-            if mask is None and causal and q_len == k_len and key_padding_mask is None:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p_drop, is_causal=True, scale=scale)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop, scale=scale)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=path.is_causal, scale=scale
+            )
             probs = None
         else:
+            extra = pos.scores(q, k, ctx, layer, self) if pos is not None else None
             s = q @ k.transpose(-1, -2)  # a fresh tensor: the in-place steps below save allocations
             if extra is not None:
                 s.add_(extra)
             s.mul_(scale)
             if bias is not None:
-                s.add_(bias)
+                s = s.float().add_(bias)  # keep the float32 bias exact in a low-precision forward
             if allowed is not None:
                 s.masked_fill_(~allowed, float("-inf"))
             probs = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
             probs_d = F.dropout(probs, p_drop) if p_drop else probs
             out = probs_d @ v
-            if use_value_hook:
+            if pos is not None and pos.adds_values:
                 out = out + pos.values(probs_d, ctx, layer)
         out = self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
         if self.keep_weights:

@@ -1,24 +1,48 @@
-"""Beam search with a key/value cache and a GNMT length penalty.
+"""Beam search with a key/value cache and the GNMT length penalty.
 
-Keeps the ``beam`` best partial translations per sentence by total log
-probability; after every step the decoder cache is reordered so each surviving
-hypothesis keeps its own keys and values (``DecoderCache.reorder``).  Finished
-hypotheses stay in the beam with their score frozen.  At the end the winner
-maximises ``log p(y | x) / lp(y)`` with the length penalty of Wu et al. 2016
-(Google's Neural Machine Translation System, arXiv:1609.08144)::
+Keeps the ``beam`` best *unfinished* translations per sentence, ranked by
+total log probability.  At every step each of them is extended by every token;
+of all ``beam x vocab`` candidates of a sentence:
 
-    lp(y) = ((5 + |y|) / 6) ** alpha
+* an end-of-sentence candidate that ranks among the ``beam`` best *finishes*:
+  it leaves the beam for the sentence's finished hypotheses, scored by its
+  length-normalised log probability ``log p(y | x) / lp(|y|)``;
+* the ``beam`` best candidates that do not end the sentence refill the beam.
+
+After every step the decoder cache is reordered so each surviving hypothesis
+keeps its own keys and values (``DecoderCache.reorder``).  The length penalty
+is the one of Wu et al. 2016 (Google's Neural Machine Translation System,
+arXiv:1609.08144), applied whenever finished hypotheses are compared::
+
+    lp(y) = ((5 + |y|) / 6) ** alpha,   |y| = generated tokens, end-of-sentence included
 
 ``alpha = 0`` picks the most probable hypothesis; larger values favour longer
-ones.  With ``beam=1`` the result equals greedy decoding.  Used by
-``python -m posenc_lib.wmt14 --beam 4``; greedy decoding is in decoding.py.
+ones.  A hypothesis still unfinished after ``max_new_tokens`` tokens competes
+with the finished ones on the same normalised score.
+
+A sentence stops once no unfinished hypothesis can beat its best finished one:
+log probabilities only fall as a hypothesis grows, so with ``alpha >= 0`` an
+unfinished hypothesis of score ``s`` can at best reach ``s / lp(max_new_tokens)``.
+That bound is exact, so stopping never changes the result: with a beam as wide
+as every possible hypothesis (``vocab ** max_new_tokens``) beam search returns
+the exhaustive-search optimum, and ``beam=1, alpha=0`` is greedy decoding.
+Reading the "all stopped" flag from an accelerator stalls it, so there the
+check runs every few steps (see :func:`~posenc_lib.decoding.sync_every`).
+
+Used by ``python -m posenc_lib.wmt14 --beam 4``; greedy decoding is in decoding.py.
 """
 from __future__ import annotations
 
 import torch
 
+from . import decoding
 from .model import Seq2SeqTransformer
 from .utils import check_positive_int, check_token_tensor
+
+
+def length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
+    """GNMT ``((5 + length) / 6) ** alpha``."""
+    return ((5.0 + length) / 6.0) ** alpha
 
 
 @torch.no_grad()
@@ -34,42 +58,73 @@ def beam_search(
     src_key_padding_mask: torch.Tensor | None = None,
     pad_id: int | None = None,
 ) -> torch.Tensor:
-    """Decode ``src (B, S)``; returns the best hypothesis per row, ``(B, <= max_new_tokens + 1)``, BOS first."""
+    """Decode ``src (B, S)``; returns the best hypothesis per row, ``(B, <= max_new_tokens + 1)``.
+
+    Each row starts with ``bos_id``, ends with ``eos_id`` if the hypothesis finished, and is
+    right-padded with ``pad_id`` (default: the model's).
+    """
     check_token_tensor("src", src)
     k = check_positive_int("beam", beam)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
+        raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
     pad_id = model.pad_id if pad_id is None else pad_id
     was_training = model.training
     model.eval()
     try:
         b, dev = src.shape[0], src.device
-        rep = torch.arange(b, device=dev).repeat_interleave(k)
+        rows = torch.arange(b, device=dev)
+        rep = rows.repeat_interleave(k)
         mask = src_key_padding_mask[rep] if src_key_padding_mask is not None else None
         memory = model.encode(src, src_key_padding_mask)[rep]  # (B*k, S, d)
-        scores = torch.full((b, k), float("-inf"), device=dev)
-        scores[:, 0] = 0.0  # all beams start identical: keep only one alive
+        width = max_new_tokens + 1
+        # live hypotheses: total log probability (B, k); all start identical, so keep one alive
+        live = torch.full((b, k), float("-inf"), device=dev)
+        live[:, 0] = 0.0
         ys = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)
-        lengths = torch.zeros(b * k, device=dev)
-        done = torch.zeros(b * k, dtype=torch.bool, device=dev)
+        # best finished hypothesis per sentence: normalised score and tokens (pad-filled)
+        best = torch.full((b,), float("-inf"), device=dev)
+        best_ys = torch.full((b, width), pad_id, dtype=torch.long, device=dev)
+        best_len = torch.ones(b, dtype=torch.long, device=dev)  # columns used, BOS included
+        stopped = torch.zeros(b, dtype=torch.bool, device=dev)
+        lp_max = length_penalty(float(max_new_tokens), alpha)
+        every = decoding.sync_every(dev)
         cache = model.new_cache()
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
+            n = step + 1  # generated tokens after this step
             logits = model.decode(ys[:, -1:], memory, memory_key_padding_mask=mask, cache=cache)
             logp = torch.log_softmax(logits[:, -1].float(), dim=-1)  # (B*k, V)
             v = logp.shape[-1]
-            logp[done] = float("-inf")
-            logp[done, pad_id] = 0.0  # a finished hypothesis only extends with free padding
-            cand = (scores.reshape(-1, 1) + logp).reshape(b, k * v)
-            scores, idx = cand.topk(k, dim=-1)
-            parent = (torch.arange(b, device=dev)[:, None] * k + idx // v).reshape(-1)
-            tok = (idx % v).reshape(-1)
-            ys = torch.cat((ys[parent], tok[:, None]), dim=1)
-            lengths = lengths[parent] + (~done[parent]).float()
-            done = done[parent] | (tok == eos_id)
+            cand = (live.reshape(-1, 1) + logp).reshape(b, k * v)
+            # 1. end-of-sentence candidates among the k best finish, normalised by lp(n)
+            top_score, top_idx = cand.topk(min(k, k * v), dim=-1)
+            ends = (top_idx % v == eos_id) & torch.isfinite(top_score)
+            fin = torch.where(ends, top_score / length_penalty(float(n), alpha), float("-inf"))
+            fin_best, fin_at = fin.max(-1)
+            parent = rows * k + top_idx.gather(-1, fin_at[:, None])[:, 0] // v
+            better = (fin_best > best) & ~stopped
+            hyp = torch.cat((ys[parent], torch.full((b, 1), eos_id, dtype=torch.long, device=dev)), dim=1)
+            best = torch.where(better, fin_best, best)
+            best_ys[:, : n + 1] = torch.where(better[:, None], hyp, best_ys[:, : n + 1])
+            best_len = torch.where(better, n + 1, best_len)
+            # 2. the k best candidates that do not end the sentence refill the beam
+            cand[:, eos_id::v] = float("-inf")
+            live, idx = cand.topk(k, dim=-1)
+            parent = (rows[:, None] * k + idx // v).reshape(-1)
+            ys = torch.cat((ys[parent], (idx % v).reshape(-1, 1)), dim=1)
             cache.reorder(parent)
-            if bool(done.all()):
+            # 3. a sentence stops when no live hypothesis can beat its best finished one
+            bound = live.max(-1).values / lp_max
+            stopped |= best >= bound
+            live = live.masked_fill(stopped[:, None], float("-inf"))
+            if (step + 1) % every == 0 and bool(stopped.all()):
                 break
-        penalty = ((5.0 + lengths) / 6.0) ** alpha
-        best = (scores.reshape(-1) / penalty).reshape(b, k).argmax(-1)
-        return ys[torch.arange(b, device=dev) * k + best]
+        else:
+            # hypotheses still unfinished after max_new_tokens compete on the same footing
+            score, at = (live / lp_max).max(-1)
+            better = (score > best) & ~stopped
+            best_ys = torch.where(better[:, None], ys.view(b, k, -1)[rows, at], best_ys)
+            best_len = torch.where(better, width, best_len)
+        return best_ys[:, : int(best_len.max())]  # one read, after the loop
     finally:
         model.train(was_training)

@@ -50,7 +50,7 @@ def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_po
     # Both logarithms in float32, as in the official code: at |r| = max_position - 1 the ratio is
     # exactly 1 only if numerator and denominator are rounded alike (a float64 denominator lets
     # ceil() jump one bucket too far for some sizes, e.g. bucket_size=44, max_position=128).
-    log_max = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32, device=rel.device))
+    log_max = torch.full((), (max_position - 1) / mid, dtype=torch.float32, device=rel.device).log()
     log_pos = torch.ceil(torch.log(abs_pos / mid) / log_max * (mid - 1)) + mid
     return torch.where(abs_pos <= mid, rel.float(), log_pos * sign).long()
 
@@ -89,6 +89,11 @@ class DebertaDisentangled(PositionScheme):
         super().__init__(d_model, n_heads, num_layers, causal)
         self.position_buckets = check_positive_int("position_buckets", position_buckets)
         self.max_relative_positions = check_positive_int("max_relative_positions", max_relative_positions)
+        if self.position_buckets < 4 or self.max_relative_positions <= self.position_buckets // 2 + 1:
+            raise ValueError(
+                "need position_buckets >= 4 and max_relative_positions > position_buckets // 2 + 1, got "
+                f"position_buckets={position_buckets}, max_relative_positions={max_relative_positions}"
+            )
         self.rel_embeddings = nn.Embedding(2 * self.position_buckets, d_model)
         nn.init.normal_(self.rel_embeddings.weight, std=0.02)
         self.rel_norm = nn.LayerNorm(d_model)

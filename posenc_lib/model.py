@@ -25,9 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MultiHeadAttention, PositionScheme
+from .attention import MultiHeadAttention, PositionScheme, on_host
 from .schemes import canonical_pe, make_scheme
-from .utils import check_divides, check_positive_int, check_token_tensor
+from .utils import (
+    check_divides, check_float_range, check_int_range, check_padding_mask, check_positive_int, check_token_tensor,
+)
 
 
 class FeedForward(nn.Sequential):
@@ -125,10 +127,12 @@ class Seq2SeqTransformer(nn.Module):
         self.d_model = d_model
         check_divides(d_model, n_heads)
         num_layers = check_positive_int("num_layers", num_layers)
-        num_decoder_layers = check_positive_int("num_decoder_layers", num_decoder_layers or num_layers)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.pad_id = pad_id
+        num_decoder_layers = check_positive_int(
+            "num_decoder_layers", num_layers if num_decoder_layers is None else num_decoder_layers
+        )
+        check_positive_int("dim_feedforward", dim_feedforward)
+        check_float_range("dropout", dropout, 0.0, 1.0, high_open=True)
+        self.pad_id = check_int_range("pad_id", pad_id, 0, self.vocab_size - 1)
         self.pe_options = dict(pe_options)
         self.enc_pos: PositionScheme = make_scheme(self.pe, d_model, n_heads, num_layers, causal=False, **pe_options)
         self.dec_pos: PositionScheme = make_scheme(
@@ -159,6 +163,33 @@ class Seq2SeqTransformer(nn.Module):
         )  # fmt: skip
 
     # -- pieces --------------------------------------------------------------------------------
+    def _check_ids(self, name: str, ids: torch.Tensor) -> None:
+        """``ValueError`` naming the first id outside ``[0, vocab_size)`` in ``ids``.
+
+        Runs on CPU tensors only: on an accelerator, reading the ids back would stall the
+        device at every step (a bad id there trips the embedding's device-side assert instead).
+        """
+        check_token_tensor(name, ids)
+        if not on_host(ids) or ids.numel() == 0:
+            return
+        bad = (ids < 0) | (ids >= self.vocab_size)
+        if bool(bad.any()):
+            row, col = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"{name} holds token id {int(ids[row, col])} (at row {row}, position {col}) outside the "
+                f"vocabulary: vocab_size={self.vocab_size}, valid ids 0..{self.vocab_size - 1}"
+            )
+
+    def _check_length(self, scheme: PositionScheme, n_positions: int, where: str) -> None:
+        """Reject a sequence longer than the scheme's table with plain ints (no device read)."""
+        limit = scheme.max_positions
+        if limit is not None and n_positions > limit:
+            raise ValueError(
+                f"position {n_positions - 1} is beyond the {scheme.name} table (max_len={limit}, valid "
+                f"positions 0..{limit - 1}) in {where} of {n_positions} tokens; build the model with a larger "
+                f"max_len or use a scheme that extrapolates (sinusoidal, rope, t5, alibi, ...)"
+            )
+
     def _embed(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
         x = table(tokens) * math.sqrt(self.d_model)
         code = scheme.embed(positions)
@@ -168,7 +199,9 @@ class Seq2SeqTransformer(nn.Module):
 
     def encode(self, src: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, S)`` int64 -> memory ``(B, S, d_model)``."""
-        check_token_tensor("src", src)
+        self._check_ids("src", src)
+        self._check_length(self.enc_pos, src.shape[1], "a source")
+        check_padding_mask("src_key_padding_mask", src_key_padding_mask, *src.shape)
         pos = torch.arange(src.shape[1], device=src.device)
         x = self._embed(self.embed, src, self.enc_pos, pos)
         ctx = self.enc_pos.prepare(pos, pos)
@@ -186,9 +219,15 @@ class Seq2SeqTransformer(nn.Module):
         cache: DecoderCache | None = None,
     ) -> torch.Tensor:
         """``tgt (B, T)`` -> logits ``(B, T, vocab)``.  With ``cache`` only the new tokens are passed."""
-        check_token_tensor("tgt", tgt)
+        self._check_ids("tgt", tgt)
         offset = cache.offset if cache is not None else 0
         t = tgt.shape[1]
+        self._check_length(self.dec_pos, offset + t, "a target")
+        check_padding_mask("tgt_key_padding_mask", tgt_key_padding_mask, tgt.shape[0], offset + t)
+        if memory.dim() != 3 or memory.shape[0] != tgt.shape[0]:
+            raise ValueError(f"tgt has batch size {tgt.shape[0]} but memory (the encoded src) has shape "
+                             f"{tuple(memory.shape)}: src and tgt must hold the same number of sequences")
+        check_padding_mask("memory_key_padding_mask", memory_key_padding_mask, *memory.shape[:2])
         q_pos = torch.arange(offset, offset + t, device=tgt.device)
         k_pos = torch.arange(0, offset + t, device=tgt.device)
         x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import PositionScheme
+from .attention import PositionScheme, on_host
 from .utils import check_positive_int, relative_positions
 
 
@@ -57,7 +57,8 @@ class ShawPlan:
     ``index: (Lq, Lk)`` table rows; ``band_j: (Lq, R-2)`` the key holding each inner row
     (clamped to a valid key), ``band_ok: (Lq, R-2)`` 1.0 where that key exists;
     ``ends: (Lq, Lk, 2)`` float 0/1 masks of the keys in the first and last row;
-    ``fast``: False if an inner row is hit twice in some query row (then scatter-add is used).
+    ``fast``: False if an inner row is hit twice in some query row (then scatter-add is used);
+    checked on CPU only, assumed for an index on an accelerator (distinct key positions).
     """
 
     index: torch.Tensor
@@ -74,8 +75,15 @@ def shaw_plan(index: torch.Tensor, rows: int) -> ShawPlan:
         raise ValueError(f"index must be (q_len, k_len), got shape {tuple(index.shape)}")
     lq, lk = index.shape
     keys = torch.arange(lk, device=index.device).expand(lq, lk)
-    counts = torch.zeros(lq, rows, dtype=torch.long, device=index.device).scatter_add_(1, index, torch.ones_like(index))
-    fast = rows >= 3 and bool((counts[:, 1:-1] <= 1).all())
+    if rows < 3:
+        fast = False
+    elif on_host(index):
+        counts = torch.zeros(lq, rows, dtype=torch.long).scatter_add_(1, index, torch.ones_like(index))
+        fast = bool((counts[:, 1:-1] <= 1).all())
+    else:
+        # reading the counts back would stall an accelerator on every forward; an index of
+        # distinct key positions (the model's aranges always are) hits each inner row at most once
+        fast = True
     band_j = torch.full((lq, rows), -1, dtype=torch.long, device=index.device).scatter_(1, index, keys)[:, 1:-1]
     band_ok = (band_j >= 0).float()
     ends = torch.stack((index == 0, index == rows - 1), dim=-1).float()

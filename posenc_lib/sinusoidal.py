@@ -20,13 +20,14 @@ import math
 import torch
 from torch import nn
 
-from .utils import check_even, check_positive_int
+from .utils import check_even, check_float_range, check_positive_int
 
 
-def sinusoidal_frequencies(dim: int, base: float = 10000.0, dtype=torch.float32) -> torch.Tensor:
-    """``(dim // 2,)`` angular frequencies ``w_i = base^(-2i/dim)``."""
+def sinusoidal_frequencies(dim: int, base: float = 10000.0, dtype=torch.float32, device=None) -> torch.Tensor:
+    """``(dim // 2,)`` angular frequencies ``w_i = base^(-2i/dim)`` (computed in float64), on ``device``."""
     dim = check_even("dim", dim)
-    return torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64) / dim).to(dtype)
+    base = check_float_range("base", base, 1.0, low_open=True)
+    return torch.exp(-math.log(base) * torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim).to(dtype)
 
 
 def sinusoidal_encode(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -35,8 +36,11 @@ def sinusoidal_encode(positions: torch.Tensor, dim: int, base: float = 10000.0) 
     Phases are computed in float32 (float64 if ``positions`` is float64).
     """
     dtype = torch.float64 if positions.dtype == torch.float64 else torch.float32
-    w = sinusoidal_frequencies(dim, base, dtype).to(positions.device)
-    phase = positions.to(dtype)[..., None] * w
+    return _encode(positions, sinusoidal_frequencies(dim, base, dtype, positions.device))
+
+
+def _encode(positions: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    phase = positions.to(w.dtype)[..., None] * w
     out = torch.stack((phase.sin(), phase.cos()), dim=-1)  # (..., dim/2, 2)
     return out.flatten(-2)
 
@@ -79,10 +83,20 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = check_even("d_model", d_model)
         self.base = base
+        # float32 frequencies, moved with the module (.to(device)), never rebuilt per forward
+        self.register_buffer("freqs", sinusoidal_frequencies(d_model, base), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        if self.freqs.dtype != torch.float32:  # model.to(bfloat16) must not round the frequencies
+            self.freqs = sinusoidal_frequencies(self.d_model, self.base, device=self.freqs.device)
+        return self
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        """``positions: (seq,)`` -> ``(seq, d_model)``."""
-        return sinusoidal_encode(positions, self.d_model, self.base)
+        """``positions: (seq,)`` -> ``(seq, d_model)`` float32 (float64 for float64 positions)."""
+        if positions.dtype == torch.float64:
+            return sinusoidal_encode(positions, self.d_model, self.base)
+        return _encode(positions, self.freqs)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, base={self.base}"

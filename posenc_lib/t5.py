@@ -74,8 +74,8 @@ class T5Bias(PositionScheme):
         )
 
     def compute_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """``(1, heads, q_len, k_len)`` bias."""
-        return self.relative_attention_bias(self.buckets(q_pos, k_pos)).permute(2, 0, 1)[None]
+        """``(1, heads, q_len, k_len)`` float32 bias (whatever the parameters' dtype)."""
+        return self.relative_attention_bias(self.buckets(q_pos, k_pos)).float().permute(2, 0, 1)[None]
 
     def prepare(self, q_pos, k_pos):
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import PositionScheme
+from .attention import PositionScheme, on_host
+from .utils import check_float_range
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -53,7 +54,10 @@ def rel_shift(x: torch.Tensor, k_len: int) -> torch.Tensor:
 
 
 def _is_arange(pos: torch.Tensor) -> bool:
-    return pos.numel() == 0 or bool(torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + pos.numel(), device=pos.device)))
+    """True for consecutive positions; only read on CPU (the model's positions always are)."""
+    if pos.numel() == 0 or not on_host(pos):
+        return True
+    return bool(torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + pos.numel(), device=pos.device)))
 
 
 class XLNetRelative(PositionScheme):
@@ -64,7 +68,7 @@ class XLNetRelative(PositionScheme):
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0):
         super().__init__(d_model, n_heads, num_layers, causal)
-        self.base = base
+        self.base = check_float_range("base", base, 1.0, low_open=True)
         self.r_proj = nn.Parameter(torch.randn(num_layers, d_model, d_model) * d_model**-0.5)
         self.u = nn.Parameter(torch.randn(num_layers, n_heads, self.head_dim) * 0.02)  # r_w_bias
         self.v = nn.Parameter(torch.randn(num_layers, n_heads, self.head_dim) * 0.02)  # r_r_bias
@@ -72,9 +76,9 @@ class XLNetRelative(PositionScheme):
     def prepare(self, q_pos, k_pos):
         if not (_is_arange(q_pos) and _is_arange(k_pos)):
             raise ValueError("xlnet relative attention expects contiguous positions (aranges) for the relative shift")
-        dmax = int(q_pos[-1]) - int(k_pos[0])
         n = q_pos.numel() + k_pos.numel() - 1
-        distances = torch.arange(dmax, dmax - n, -1, device=q_pos.device)
+        # distances dmax, dmax - 1, ..., with dmax = last query - first key, kept on the device
+        distances = (q_pos[-1] - k_pos[0]) - torch.arange(n, device=q_pos.device)
         return {"q_pos": q_pos, "k_pos": k_pos, "R": xlnet_sinusoid(distances, self.d_model, self.base)}
 
     def scores(self, q, k, ctx, layer, attn):

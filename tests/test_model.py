@@ -98,9 +98,9 @@ def test_fused_kernel_used_where_the_scheme_allows(monkeypatch):
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
 
-    def spy(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
+    def spy(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append(((q.shape[2], k.shape[2]), attn_mask, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     for pe in PE_TYPES:
@@ -108,10 +108,18 @@ def test_fused_kernel_used_where_the_scheme_allows(monkeypatch):
         calls.clear()
         with torch.no_grad():
             m(torch.randint(1, V, (1, 5)), torch.randint(1, V, (1, 4)))
-        n_layers = 2 + 2 * 2  # encoder self, decoder self + cross
-        expected = n_layers if pe in ("none", "sinusoidal", "learned", "rope", "t5", "alibi") else 2  # cross only
-        assert len(calls) == expected, (pe, len(calls))
-        assert m.enc_pos.fused == (pe not in ("shaw", "xlnet", "deberta"))
+        by_kind = {kind: [c for c in calls if c[0] == shape] for kind, shape in
+                   (("enc", (5, 5)), ("dec", (4, 4)), ("cross", (4, 5)))}
+        assert len(by_kind["cross"]) == 2 and all(mk is None and not c for _, mk, c in by_kind["cross"])
+        if pe in ("shaw", "xlnet", "deberta"):  # explicit scores: only cross-attention is fused
+            assert len(calls) == 2 and not m.enc_pos.fused
+        elif pe in ("t5", "alibi"):  # the bias (and the causal part) as one float mask
+            assert all(mk.is_floating_point() and not c for _, mk, c in by_kind["enc"] + by_kind["dec"])
+            assert len(calls) == 6 and m.enc_pos.fused
+        else:  # nothing to add: no mask, and the decoder's causal mask is SDPA's own is_causal
+            assert all(mk is None and not c for _, mk, c in by_kind["enc"]), pe
+            assert all(mk is None and c for _, mk, c in by_kind["dec"]), pe
+            assert len(calls) == 6 and m.enc_pos.fused
 
 
 def _copy_batch(b=32, n=8):
