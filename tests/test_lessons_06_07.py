@@ -106,3 +106,27 @@ def test_t5_bias_as_float_attn_mask_equals_explicit_softmax():
     explicit = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + bias, -1) @ v
     fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
     assert torch.allclose(fused, explicit, atol=1e-5)
+
+
+def test_rope_rotation_is_lesson_03_shift_matrix_transposed():
+    # lesson 06's box: T_delta (sin, cos pairs) equals R_delta^T (interleaved RoPE pairs), same frequencies
+    import math
+
+    from posenc_lib import sinusoidal_shift_matrix
+    from posenc_lib.rotary import rope_frequencies
+
+    d = 8
+    for delta in [1, 7, -3]:
+        blocks = [torch.tensor([[math.cos(delta * t), -math.sin(delta * t)], [math.sin(delta * t), math.cos(delta * t)]])
+                  for t in rope_frequencies(d).tolist()]
+        assert torch.allclose(sinusoidal_shift_matrix(delta, d), torch.block_diag(*blocks).T, atol=1e-6)
+
+
+def test_rope_all_ones_score_is_lesson_03_cosine_sum():
+    from posenc_lib.sinusoidal import sinusoidal_frequencies
+
+    ones = torch.ones(1, 128)
+    r = torch.arange(300)
+    score = (apply_rope(ones, torch.tensor([0])) @ apply_rope(ones.expand(300, 128), r).T)[0] / 2
+    expected = torch.cos(r[:, None].double() * sinusoidal_frequencies(128, dtype=torch.float64)).sum(-1)
+    assert torch.allclose(score.double(), expected, atol=1e-2)
