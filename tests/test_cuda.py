@@ -1,0 +1,260 @@
+"""Checks that need a CUDA GPU (skipped without one).
+
+One command on a GPU machine, from the repository root::
+
+    python tests/test_cuda.py          # or: python -m pytest -q tests/test_cuda.py -rA
+
+It prints the GPU and torch version, one line per check with the number it measured, and the
+pytest summary.  What it checks, for every position scheme:
+
+* the forward pass and the gradients on the GPU equal the CPU's (float32, tolerance 1e-4);
+* no host synchronisation in a training forward pass or a cached decoding step
+  (``torch.cuda.set_sync_debug_mode("error")``), and only a few in a whole greedy decoding;
+* cached greedy decoding equals uncached decoding, and beam 1 equals greedy;
+* a bf16-autocast training step gives a finite loss close to float32 and finite gradients;
+* the flash kernel really runs for none/sinusoidal/learned/rope: forward, backward and cached
+  steps under ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)`` (which raises if SDPA gets a mask);
+* a training run killed and resumed on the GPU follows the uninterrupted run.
+
+``POSENC_TEST_DEVICE=cpu`` runs the same file on the CPU, a dry run of the checks themselves
+(the GPU-only parts are skipped).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the resume check
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from posenc_lib import PE_TYPES, build_model, greedy_decode, set_seed  # noqa: E402
+from posenc_lib.beam import beam_search  # noqa: E402
+from posenc_lib.decoding import SYNC_EVERY  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEVICE = os.environ.get("POSENC_TEST_DEVICE", "cuda")
+ON_CUDA = DEVICE.startswith("cuda")
+pytestmark = pytest.mark.skipif(ON_CUDA and not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu_only = pytest.mark.skipif(not ON_CUDA, reason="checks a CUDA-only behaviour")
+
+# head_dim 16: every SDPA kernel (flash included) accepts it
+SMALL = dict(d_model=64, n_heads=4, num_layers=2, dim_feedforward=128, dropout=0.0)
+V = 50
+FLASH_SCHEMES = ("none", "sinusoidal", "learned", "rope")
+
+
+@pytest.fixture(autouse=True)
+def _full_float32():
+    """No TF32 in float32 matmuls: the CUDA == CPU comparison is about the code, not the format."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+def small(pe, **kw):
+    set_seed(0)
+    return build_model(pe, V, **{**SMALL, **kw})
+
+
+def batch(seed=0, b=3, s=9, t=7):
+    g = torch.Generator().manual_seed(seed)
+    src, tgt = torch.randint(3, V, (b, s), generator=g), torch.randint(3, V, (b, t), generator=g)
+    src[1, s - 3 :] = 0  # one padded source row
+    return src, tgt
+
+
+def report(msg: str) -> None:
+    print(f"[{DEVICE}] {msg}")
+
+
+# ----------------------------------------------------------------------------- CUDA == CPU
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_forward_and_gradients_match_cpu(pe):
+    cpu = small(pe).eval()
+    dev = small(pe).eval().to(DEVICE)
+    src, tgt = batch()
+    masks = dict(src_key_padding_mask=src == 0)
+    out_cpu = cpu(src, tgt, **masks)
+    out_dev = dev(src.to(DEVICE), tgt.to(DEVICE), **{k: m.to(DEVICE) for k, m in masks.items()})
+    diff = (out_dev.cpu() - out_cpu).abs().max().item()
+    torch.testing.assert_close(out_dev.cpu(), out_cpu, atol=1e-4, rtol=1e-4)
+    cpu.loss(src, tgt, tgt, **masks).backward()
+    dev.loss(src.to(DEVICE), tgt.to(DEVICE), tgt.to(DEVICE), src_key_padding_mask=(src == 0).to(DEVICE)).backward()
+    gdiff = 0.0
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-4, rtol=1e-3, msg=name)
+            gdiff = max(gdiff, (q.grad.cpu() - p.grad).abs().max().item())
+    report(f"{pe}: max |logits gpu - cpu| = {diff:.1e}, max |grad gpu - cpu| = {gdiff:.1e}")
+
+
+# ----------------------------------------------------------------------------- no host syncs
+@gpu_only
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_no_host_sync_in_forward_and_cached_steps(pe):
+    """Any ``.item()``, ``int(tensor)`` or blocking copy in a forward pass raises here.  The
+    backward pass is torch's own code; its syncs (if any) are counted and reported only."""
+    model = small(pe, dropout=0.1).to(DEVICE)
+    src, tgt = (x.to(DEVICE) for x in batch())
+    mask = src == 0
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        loss = model.loss(src, tgt, tgt, label_smoothing=0.1, src_key_padding_mask=mask)
+        model.eval()
+        with torch.no_grad():
+            memory, cache = model.encode(src, mask), model.new_cache()
+            for t in range(4):
+                model.decode(tgt[:, t : t + 1], memory, memory_key_padding_mask=mask, cache=cache)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            loss.backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    report(f"{pe}: training forward and 4 cached steps without a host sync; backward: {syncs} sync(s)")
+
+
+@gpu_only
+def test_greedy_decoding_reads_the_device_only_every_few_steps():
+    model = small("rope").eval().to(DEVICE)
+    src = batch()[0].to(DEVICE)
+    steps = 32
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            greedy_decode(model, src, max_new_tokens=steps, bos_id=1, eos_id=2, src_key_padding_mask=src == 0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    report(f"greedy decoding of {steps} tokens: {syncs} host syncs")
+    assert syncs <= steps // SYNC_EVERY + 2
+
+
+# ----------------------------------------------------------------------------- decoding
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_cached_greedy_equals_uncached_and_beam_one(pe):
+    model = small(pe).eval().to(DEVICE)
+    src = batch(seed=1)[0].to(DEVICE)
+    kw = dict(max_new_tokens=16, bos_id=1, eos_id=2, src_key_padding_mask=src == 0)
+    cached = greedy_decode(model, src, use_cache=True, **kw)
+    assert torch.equal(cached, greedy_decode(model, src, use_cache=False, **kw))
+    assert torch.equal(cached, beam_search(model, src, beam=1, alpha=0.0, **kw))
+    assert beam_search(model, src, beam=4, **kw).shape[0] == src.shape[0]
+    report(f"{pe}: cached == uncached greedy == beam 1 ({cached.shape[1] - 1} tokens)")
+
+
+# ----------------------------------------------------------------------------- bf16 training
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_bf16_autocast_training_step(pe):
+    if ON_CUDA and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    model = small(pe, dropout=0.1).to(DEVICE).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    src, tgt = (x.to(DEVICE) for x in batch(seed=2))
+    mask = src == 0
+    with torch.no_grad():
+        model.eval()
+        fp32 = model.loss(src, tgt, tgt, src_key_padding_mask=mask).item()
+        with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16):
+            bf16 = model.loss(src, tgt, tgt, src_key_padding_mask=mask).item()
+        model.train()
+    with torch.autocast(device_type=torch.device(DEVICE).type, dtype=torch.bfloat16):
+        loss = model.loss(src, tgt, tgt, label_smoothing=0.1, src_key_padding_mask=mask)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    opt.step()
+    assert abs(bf16 - fp32) < 0.05 * fp32
+    report(f"{pe}: bf16 loss {bf16:.4f} vs fp32 {fp32:.4f}, gradients finite")
+
+
+# ----------------------------------------------------------------------------- flash attention
+@pytest.mark.parametrize("pe", FLASH_SCHEMES)
+def test_flash_kernel_runs_for_schemes_without_score_terms(pe):
+    # CUDA's flash kernel takes dropout; the CPU's fused kernels do not (dry run: no dropout)
+    model = small(pe, dropout=0.1 if ON_CUDA else 0.0).to(DEVICE, torch.bfloat16).train()
+    src, tgt = batch(seed=3)
+    src = src.clamp(min=3).to(DEVICE)  # no padding: nothing but the future to mask
+    tgt = tgt.to(DEVICE)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        loss = model.loss(src, tgt, tgt)
+        loss.backward()
+        model.eval()
+        with torch.no_grad():
+            memory, cache = model.encode(src), model.new_cache()
+            for t in range(4):
+                model.decode(tgt[:, t : t + 1], memory, cache=cache)
+    assert torch.isfinite(loss)
+    if ON_CUDA:  # the check is real: the flash kernel refuses a mask (CPU's flash kernel takes one)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError):
+            model(src, tgt, src_key_padding_mask=torch.zeros_like(src, dtype=torch.bool))
+    report(f"{pe}: forward, backward and cached steps ran with only the flash kernel allowed")
+
+
+# ----------------------------------------------------------------------------- resume
+def _tiny_data(tmp_path: Path) -> Path:
+    from posenc_lib.data import read_parallel
+
+    d = tmp_path / "data"
+    d.mkdir()
+    for split, n in (("train", 300), ("newstest2013", 40), ("newstest2014", 30), ("heldout", 30)):
+        fr, en = read_parallel(ROOT / "data" / "wmt14-fr-en", split, n)
+        (d / f"{split}.fr").write_text("\n".join(fr) + "\n", encoding="utf-8")
+        (d / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+    return d
+
+
+@pytest.mark.parametrize("precision,tol", [("fp32", 1e-4), ("auto", 2e-2)])
+def test_resume_equals_uninterrupted(tmp_path, precision, tol):
+    from posenc_lib.train import get_profile
+    from posenc_lib.wmt14 import run
+
+    prof = get_profile("smoke", dict(vocab_size=300, max_train_pairs=None, max_steps=8, log_every=2, val_every=4,
+                                     ckpt_every=4, val_pairs=8, eval_limit=4, bertscore=False,
+                                     bootstrap_samples=20, batch_tokens=300, precision=precision))
+    kw = dict(data_dir=_tiny_data(tmp_path), source="files", progress=False, log=lambda m: None, device=DEVICE)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        run(prof, ["rope"], [1], tmp_path / "full", **kw)
+        assert run(prof, ["rope"], [1], tmp_path / "cut", stop_after=5, **kw) is None  # "killed" after update 5
+        run(prof, ["rope"], [1], tmp_path / "cut", resume=True, **kw)  # continues from the update-4 checkpoint
+    finally:
+        torch.use_deterministic_algorithms(False)
+    a = json.loads((tmp_path / "full" / "rope-seed1" / "result.json").read_text())
+    b = json.loads((tmp_path / "cut" / "rope-seed1" / "result.json").read_text())
+    ca = [(r["step"], r["train_loss"], r["val_loss"]) for r in a["curve"]]
+    cb = [(r["step"], r["train_loss"], r["val_loss"]) for r in b["curve"]]
+    assert [c[0] for c in ca] == [c[0] for c in cb]
+    worst = 0.0
+    for ra, rb in zip(ca, cb):
+        for x, y in zip(ra[1:], rb[1:]):
+            assert (x is None) == (y is None)
+            if x is not None:
+                worst = max(worst, abs(x - y))
+    assert worst <= tol, (ca, cb)
+    wa = torch.load(tmp_path / "full-ckpt" / "rope-seed1" / "checkpoint.pt", map_location="cpu", weights_only=False)
+    wb = torch.load(tmp_path / "cut-ckpt" / "rope-seed1" / "checkpoint.pt", map_location="cpu", weights_only=False)
+    for k in wa["model"]:
+        torch.testing.assert_close(wb["model"][k], wa["model"][k], atol=10 * tol, rtol=10 * tol)
+    report(f"resume ({a.get('precision', precision)}): curves differ by at most {worst:.1e} after 8 updates")
+
+
+if __name__ == "__main__":
+    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    print(f"posenc GPU checks: torch {torch.__version__}, {where}, device under test: {DEVICE}")
+    sys.exit(pytest.main([__file__, "-q", "-rA", "-p", "no:cacheprovider"]))
