@@ -358,11 +358,11 @@ def restore_rng_state(st, log=print) -> None:
 def load_checkpoint(path: str | os.PathLike) -> dict:
     """Read a checkpoint on the CPU (whatever device wrote it); ``CheckpointError`` naming it if it is damaged."""
     path = Path(path)
-    advice = f"delete {path} to retrain that model from scratch (its finished models are kept)"
+    advice = "delete it to retrain that model from scratch (models already finished are kept)"
     try:
         ck = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # truncated, overwritten, not a torch file, written by an incompatible version
-        why = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        why = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0][:160]
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(err).__name__}: {why}); {advice}") from None
     missing = sorted({"model", "optim", "state", "rng"} - set(ck)) if isinstance(ck, dict) else ["everything"]
     if missing:
