@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import html
 import json
 import re
 import shutil
@@ -27,6 +28,7 @@ BOOK = ROOT / "book"
 DEFAULT_OUT = ROOT / "build" / "book"
 
 #: Markdown files outside the notebooks that the README or the lessons link to: repo path -> page name.
+WIDGET = "application/vnd.jupyter.widget-view+json"
 EXTRA_PAGES = {"benchmarks/README.md": "benchmarks", "data/SOURCES.md": "data_sources"}
 NBVAL = ".venv/bin/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg"
 # offline, as make test runs them
@@ -146,8 +148,16 @@ def write_lesson(src: Path, dst: Path, names: set[str], teaching: dict[str, list
     first["source"] = title_line + "\n\n" + box + "\n" + rest
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
-            cell["source"] = _rewrite_links("".join(cell["source"]), "../", names)
+            text = _rewrite_links("".join(cell["source"]), "../", names)
+            cell["source"] = _link_repo_files(text, dst.parent.parent, src.parent, "../")
     nb.get("metadata", {}).pop("widgets", None)  # no live kernel on a static site
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET in data:  # an explorer: say what it offers instead of an empty widget
+                text = html.escape("".join(data.get("text/plain", "")))
+                out["data"] = {"text/html": f'<p class="explorer-note"><em>{text}</em>: sliders when you run this '
+                               "notebook (<code>make lab</code>); the figure above shows the default setting.</p>"}
     dst.write_text(json.dumps(nb, ensure_ascii=False, indent=1), encoding="utf-8")
     return title_line[2:].strip()
 
@@ -180,14 +190,9 @@ def write_sources(out: Path) -> Path:
         (src / "api" / f"{m}.md").write_text("\n".join(page), encoding="utf-8")
 
     for repo_path, page in EXTRA_PAGES.items():
-        text = (ROOT / repo_path).read_text(encoding="utf-8")
-        prefix = "../" * repo_path.count("/")
-        # links in these files are relative to their folder: make them relative to the repository root
-        text = re.sub(r"\]\((?!https?:|#|mailto:)([^)\s]+)\)", lambda m: f"]({prefix}{m.group(1)})"
-                      if not m.group(1).startswith("../") else m.group(0), text)
-        text = _rewrite_links(text, "", names)
-        text = re.sub(r"\]\((?:\.\./)+", "](", text)
-        (src / f"{page}.md").write_text(_link_repo_files(text, src), encoding="utf-8")
+        text = _rewrite_links((ROOT / repo_path).read_text(encoding="utf-8"), "", names)
+        text = _link_repo_files(text, src, (ROOT / repo_path).parent, "")
+        (src / f"{page}.md").write_text(text, encoding="utf-8")
 
     readme = _rewrite_links((ROOT / "README.md").read_text(encoding="utf-8"), "", names)
     readme = _link_repo_files(readme, src)
@@ -202,19 +207,24 @@ def write_sources(out: Path) -> Path:
     return src
 
 
-def _link_repo_files(text: str, src: Path) -> str:
-    """Copy repository files that a page links to (figures, results) next to it so the links resolve."""
+def _link_repo_files(text: str, src: Path, base: Path = ROOT, prefix: str = "") -> str:
+    """Copy repository files a page links to (figures, results, tests) into the site so the links resolve.
+
+    ``base`` is the folder the links are relative to (the page's folder in the repository) and
+    ``prefix`` the path from the page to the site's root.
+    """
 
     def repl(m: re.Match) -> str:
         target = m.group(2)
-        if re.match(r"[a-z]+:|#|/", target) or target.endswith((".md", ".ipynb")):
+        if re.match(r"[a-z]+:|#|/", target) or target.split("#")[0].endswith((".md", ".ipynb")):
             return m.group(0)
-        path = ROOT / target.split("#")[0]
-        if path.is_file():
-            dest = src / "files" / target
+        path = (base / target.split("#")[0]).resolve()
+        if path.is_file() and ROOT in path.parents:
+            rel = path.relative_to(ROOT).as_posix()
+            dest = src / "files" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, dest)
-            return f"{m.group(1)}(files/{target})"
+            return f"{m.group(1)}({prefix}files/{rel})"
         return m.group(0)
 
     return re.sub(r"(!?\[[^\]\n]*\])\(([^)\s]+)\)", repl, text)

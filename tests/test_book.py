@@ -49,6 +49,8 @@ def test_every_lesson_and_module_has_a_page(site):
         h1 = re.search(r"<h1>(.*?)</h1>", page, re.S).group(1)
         assert re.sub(r"<[^>]+>", "", h1).rstrip("#").strip() == title
         assert page.index("Run it") < page.index("The question") if "The question" in page else True
+        widgets = json.dumps(json.loads(nb.read_text())["cells"]).count(book.WIDGET)
+        assert page.count('class="explorer-note"') == widgets, f"{nb.name}: explorers not described"
     for mod in book.modules():
         page = (site / "api" / f"{mod}.html").read_text(encoding="utf-8")
         assert f'id="module-posenc_lib.{mod}"' in page, f"{mod}: automodule produced nothing"
