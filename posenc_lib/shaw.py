@@ -1,15 +1,16 @@
 """Relative position representations (Shaw, Uszkoreit & Vaswani 2018, "Self-Attention with
 Relative Position Representations", arXiv:1803.02155).
 
-Two learned tables per layer, shared by all heads, index the clipped distance
+Two learned tables per layer, shared by all heads (the paper's section 3.3 memory option,
+used by its big model; its base model has one pair per layer and head), index the clipped distance
 ``clip(j - i, k)`` (``k`` = ``max_relative_position``, 2k+1 rows each):
 
     e_ij = q_i . (k_j + a^K_ij) / sqrt(d)          (eq. 4)
     z_i  = sum_j alpha_ij (v_j + a^V_ij)            (eq. 3)
     a^K_ij = w^K[clip(j - i, -k, k)],  a^V_ij = w^V[clip(j - i, -k, k)]
 
-A naive implementation builds ``a^K`` as an ``(L, L, d)`` tensor
-(:func:`shaw_scores_naive`).  Here we never do:
+The paper's own implementation (section 3.3) builds ``a^K`` as an ``(L, L, d)`` tensor shared by
+heads and batch (here the reference :func:`shaw_scores_naive`).  Here we never do:
 
 * key term: ``q @ w^K.T`` gives every query's score against the 2k+1 table rows,
   ``S: (B, H, L, 2k+1)``; a gather with the clipped index matrix picks row
