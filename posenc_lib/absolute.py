@@ -83,7 +83,7 @@ class LearnedPositionalEmbedding(nn.Module):
             raise ValueError(
                 f"position {int(positions.max())} is beyond the learned table (max_len={self.max_len}, "
                 f"valid positions 0..{self.max_len - 1}); build the model with a larger max_len "
-                f"or use a scheme that extrapolates (sinusoidal, rope, t5, alibi, ...)"
+                f"or use a scheme defined at every position (sinusoidal, rope, t5, alibi, ...)"
             )
         if positions.numel() and on_host(positions) and int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got {int(positions.min())}")

@@ -187,7 +187,7 @@ class Seq2SeqTransformer(nn.Module):
             raise ValueError(
                 f"position {n_positions - 1} is beyond the {scheme.name} table (max_len={limit}, valid "
                 f"positions 0..{limit - 1}) in {where} of {n_positions} tokens; build the model with a larger "
-                f"max_len or use a scheme that extrapolates (sinusoidal, rope, t5, alibi, ...)"
+                f"max_len or use a scheme defined at every position (sinusoidal, rope, t5, alibi, ...)"
             )
 
     def _embed(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
