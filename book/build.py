@@ -55,7 +55,10 @@ def module_summary(path: Path) -> str:
 def lessons_of_module(path: Path) -> list[str]:
     """Lesson numbers (``"06"``) a module's docstring names as ``notebooks/NN…``."""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    return sorted(set(re.findall(r"notebooks/(\d\d)", doc)))
+    found = set()
+    for first, last in re.findall(r"notebooks/(\d\d)(?:[-\u2013](\d\d)\b)?", doc):  # "notebooks/05-10" is a range
+        found.update(f"{n:02d}" for n in range(int(first), int(last or first) + 1))
+    return sorted(found)
 
 
 def _rewrite_links(text: str, prefix: str, names: set[str]) -> str:

@@ -84,14 +84,44 @@ def _copy_mathjax(app, exception) -> None:
 
 
 _ABS = re.compile(r"(?<![\\`|])\|(?=[^\s|`])([^|`\n]*?[^\s|`])\|(?![_|`])")
+_LIST = re.compile(r"\s*([-*+] |\d+[.)] |\.\. |:\w[^:]*:|>>>)")
 
 
-def _escape_bars(app, what, name, obj, options, lines) -> None:
-    """Docstrings are written as plain text: ``|i - j|`` means an absolute value, not a reST substitution."""
-    lines[:] = [_ABS.sub(r"\\|\1\\|", line) if not line.lstrip().startswith("|") else line for line in lines]
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _plain_text_docstring(app, what, name, obj, options, lines) -> None:
+    """Read the library's plain-text docstrings the way they are meant.
+
+    * An indented block under a plain paragraph (a formula, a shape table) becomes a literal block, so
+      its lines stay lines (reST would make it a block quote and join them).
+    * Outside literal blocks, ``|i - j|`` is an absolute value, not a reST substitution.
+    """
+    out, literal_indent, para = [], None, []
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if literal_indent is not None and line.strip() and _indent(line) <= literal_indent:
+            literal_indent = None
+        if literal_indent is None and line.strip():
+            line = line if line.lstrip().startswith("|") else _ABS.sub(r"\\|\1\\|", line)
+        out.append(line)
+        if line.strip():
+            para.append(line)
+            if literal_indent is None and line.rstrip().endswith("::"):
+                literal_indent = _indent(line)
+            continue
+        # a blank line: does an indented block follow a plain paragraph?
+        if (literal_indent is None and para and nxt.strip() and _indent(nxt) > _indent(para[-1])
+                and _indent(para[0]) == _indent(para[-1]) and not any(_LIST.match(p) for p in para)
+                and not _LIST.match(nxt)):
+            out += [" " * _indent(para[-1]) + "::", ""]
+            literal_indent = _indent(para[-1])
+        para = []
+    lines[:] = out
 
 
 def setup(app):
     _mathjax_es5()  # fail early, before any page is written
-    app.connect("autodoc-process-docstring", _escape_bars)
+    app.connect("autodoc-process-docstring", _plain_text_docstring)
     app.connect("build-finished", _copy_mathjax)
