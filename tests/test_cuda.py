@@ -100,15 +100,15 @@ def test_forward_and_gradients_match_cpu(pe):
 @gpu_only
 @pytest.mark.parametrize("pe", PE_TYPES)
 def test_no_host_sync_in_forward_and_cached_steps(pe):
-    """Any ``.item()``, ``int(tensor)`` or blocking copy in a forward pass raises here.  The
-    backward pass is torch's own code; its syncs (if any) are counted and reported only."""
+    """Any ``.item()``, ``int(tensor)`` or blocking copy in a forward pass raises here.  The loss
+    and the backward pass are torch's own code; their syncs (if any) are counted and reported only."""
     model = small(pe, dropout=0.1).to(DEVICE)
     src, tgt = (x.to(DEVICE) for x in batch())
     mask = src == 0
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss = model.loss(src, tgt, tgt, label_smoothing=0.1, src_key_padding_mask=mask)
+        logits = model(src, tgt, src_key_padding_mask=mask)  # training mode: dropout on
         model.eval()
         with torch.no_grad():
             memory, cache = model.encode(src, mask), model.new_cache()
@@ -120,11 +120,11 @@ def test_no_host_sync_in_forward_and_cached_steps(pe):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            loss.backward()
+            torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), label_smoothing=0.1).backward()
         finally:
             torch.cuda.set_sync_debug_mode(0)
     syncs = sum("synchroniz" in str(w.message) for w in caught)
-    report(f"{pe}: training forward and 4 cached steps without a host sync; backward: {syncs} sync(s)")
+    report(f"{pe}: training forward and 4 cached steps without a host sync; loss + backward: {syncs} sync(s)")
 
 
 @gpu_only
@@ -250,7 +250,7 @@ def test_resume_equals_uninterrupted(tmp_path, precision, tol):
     wa = torch.load(tmp_path / "full-ckpt" / "rope-seed1" / "checkpoint.pt", map_location="cpu", weights_only=False)
     wb = torch.load(tmp_path / "cut-ckpt" / "rope-seed1" / "checkpoint.pt", map_location="cpu", weights_only=False)
     for k in wa["model"]:
-        torch.testing.assert_close(wb["model"][k], wa["model"][k], atol=10 * tol, rtol=10 * tol)
+        torch.testing.assert_close(wb["model"][k], wa["model"][k], atol=tol, rtol=tol)
     report(f"resume ({a.get('precision', precision)}): curves differ by at most {worst:.1e} after 8 updates")
 
 
