@@ -65,7 +65,7 @@ class BenchConfig:
             raise ValueError("lengths must name at least one training length (integers >= 1)")
         for n in self.lengths:
             check_int_range("lengths: every training length", n, 1)
-        if self.dtype not in DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid choices: {', '.join(DTYPES)}")
         if not isinstance(self.device, str) or not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"unknown device {self.device!r}; valid choices: cpu, cuda, cuda:N")

@@ -125,7 +125,12 @@ class ExtrapolationConfig:
             if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
                 raise ValueError(f"test_lengths: every test length must be a positive integer, got {n!r}")
         object.__setattr__(self, "test_lengths", lengths)  # a list given by hand becomes the tuple stored
-        check_divides(self.d_model, self.n_heads)
+        head_dim = check_divides(self.d_model, self.n_heads)
+        if self.d_model % 2 or head_dim % 2:  # sinusoidal pairs d_model, rope pairs each head's dimensions
+            raise ValueError(
+                f"d_model={self.d_model} and d_model / n_heads={head_dim} must both be even "
+                "(sin/cos and rotation pairs), e.g. d_model=64 with n_heads=4"
+            )
         check_float_range("dropout", self.dropout, 0.0, 1.0, high_open=True)
         check_float_range("lr", self.lr, 0.0, low_open=True)
         check_int_range("warmup", self.warmup, 0)
@@ -530,6 +535,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = PROFILES[a.profile]
     try:
         pes = list(RUN_ORDER) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
+    except (TypeError, ValueError) as err:
+        p.error(f"--pe: {err}")
+    try:
         seeds = []
         for s in parse_list(a.seeds, "--seeds"):
             try:

@@ -146,6 +146,13 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D102 (argparse's hook)
         self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())} (see --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D102
+        ns, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:  # Python 3.11's argparse turns "--flag=--" into [] instead of an error
+            if action.option_strings and action.nargs is None and getattr(ns, action.dest, None) == []:
+                self.error(f"argument {action.option_strings[-1]}: expected one value")
+        return ns, extras
+
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder, then rename."""

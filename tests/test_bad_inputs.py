@@ -1,0 +1,448 @@
+"""Bad input, drawn rather than listed: every call works or says clearly what was wrong.
+
+Property-based tests (hypothesis) draw model arguments, scheme options, input
+tensors, profile overrides and experiment settings, one possibly-bad value at a
+time, and check the contract of the library:
+
+* the call works (and then its result is sane: the right shape, finite), or
+* it raises ``ValueError``/``TypeError`` whose message names the bad argument.
+
+Anything else (an ``IndexError`` from deep inside torch, a ``RuntimeError`` about
+tensor sizes, NaN logits) fails the test.  Every command line is run in-process
+through its ``main(argv)`` with bad flags: it must exit with status 2 and print
+exactly one line on stderr, never a traceback.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import lzma
+import math
+import os
+from dataclasses import fields
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from posenc_lib import PE_TYPES, build_model, greedy_decode
+
+#: a fixed, fast draw for ``make test``; ``BAD_INPUT_EXAMPLES=500`` searches wider (and randomly)
+_N = int(os.environ.get("BAD_INPUT_EXAMPLES", "0"))
+FAST = settings(max_examples=_N or 25, deadline=None, derandomize=not _N,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+TINY = dict(d_model=8, n_heads=2, num_layers=1, dim_feedforward=8, dropout=0.0)
+VOCAB = 12
+
+#: values a hurried user might pass where a count, a size or a rate belongs (kept small: no 8 GB tables)
+WEIRD = st.one_of(
+    st.integers(-3, 40),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([None, True, False, "8", "", "0.1", [2], 2.5, -0.5, 1e-9]),
+)
+
+
+def works_or_names(call, *names):
+    """Run ``call``; a ``ValueError``/``TypeError`` must name one of ``names``. Returns (result, error)."""
+    try:
+        return call(), None
+    except (ValueError, TypeError) as err:
+        msg = str(err)
+        assert any(n in msg for n in names), f"{type(err).__name__} names none of {names}: {msg}"
+        return None, err
+
+
+def _tokens(b=2, n=5, seed=0):
+    return torch.randint(1, VOCAB, (b, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _sane(logits, b, t, vocab=VOCAB):
+    assert logits.shape == (b, t, vocab)
+    assert torch.isfinite(logits).all(), "non-finite logits"
+
+
+# -- model arguments ---------------------------------------------------------------------------------
+MODEL_ARGS = ("vocab_size", "d_model", "n_heads", "num_layers", "num_decoder_layers", "dim_feedforward",
+              "dropout", "pad_id")  # fmt: skip
+
+
+@FAST
+@given(pe=st.sampled_from(PE_TYPES), name=st.sampled_from(MODEL_ARGS), value=WEIRD)
+def test_build_model_arguments(pe, name, value):
+    kw = dict(TINY)
+    vocab = value if name == "vocab_size" else VOCAB
+    if name != "vocab_size":
+        kw[name] = value
+    # a head split that is fine for the model may still be refused by a scheme that pairs dimensions
+    model, err = works_or_names(lambda: build_model(pe, vocab, **kw), name, "d_model", "n_heads", "head_dim")
+    if model is not None:
+        src, tgt = _tokens() % model.vocab_size, _tokens(n=4, seed=1) % model.vocab_size
+        _sane(model.eval()(src, tgt), 2, 4, model.vocab_size)
+        if (tgt != model.pad_id).any():  # (a target of nothing but padding has no tokens to average over)
+            assert torch.isfinite(model.loss(src, tgt, tgt))
+
+
+SCHEME_OPTIONS = {
+    "sinusoidal": ("base",), "learned": ("max_len", "init_std"), "shaw": ("max_relative_position",),
+    "rope": ("base", "interleaved", "rotary_dim"), "t5": ("num_buckets", "max_distance"), "xlnet": ("base",),
+    "deberta": ("position_buckets", "max_relative_positions"), "alibi": ("bidirectional",),
+}  # fmt: skip
+
+
+@FAST
+@given(data=st.data(), value=st.one_of(WEIRD, st.sampled_from(["split", "symmetric", "left"])))
+def test_scheme_options(data, value):
+    pe = data.draw(st.sampled_from(sorted(SCHEME_OPTIONS)))
+    name = data.draw(st.sampled_from(SCHEME_OPTIONS[pe]))
+    model, err = works_or_names(lambda: build_model(pe, VOCAB, **TINY, **{name: value}), name)
+    if model is not None:
+        src = _tokens(n=6)
+        out, err = works_or_names(lambda: model.eval()(src, src[:, :4]), name)  # a short learned table
+        if out is not None:
+            _sane(out, 2, 4)
+
+
+def test_unknown_option_and_scheme_names_are_named():
+    works_or_names(lambda: build_model("shaw", VOCAB, **TINY, max_len=4), "max_len", "valid options")
+    works_or_names(lambda: build_model(3, VOCAB, **TINY), "pe")
+    with pytest.raises(ValueError, match=r"unknown positional encoding 'rotery'.*valid choices"):
+        build_model("rotery", VOCAB, **TINY)
+
+
+# -- input tensors -----------------------------------------------------------------------------------
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def _model(pe):
+    if pe not in _MODELS:
+        torch.manual_seed(0)
+        _MODELS[pe] = build_model(pe, VOCAB, **TINY, **({"max_len": 8} if pe == "learned" else {})).eval()
+    return _MODELS[pe]
+
+
+DTYPES = [torch.int64, torch.int64, torch.int32, torch.int16, torch.uint8, torch.bool, torch.float32]
+
+
+@st.composite
+def token_tensors(draw, b, lo=-2, hi=VOCAB + 2):
+    """Mostly valid ``(b, n)`` int64 ids; sometimes another dtype, shape, an empty row or an id out of range."""
+    n = draw(st.integers(0, 11))  # up to 11: past the learned table's 8 rows
+    shape = draw(st.sampled_from([(b, n), (b, n), (b, n), (n,), (b, n, 1), (b + 1, n)]))
+    dtype = draw(st.sampled_from(DTYPES))
+    ids = torch.randint(1, VOCAB, shape, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+    if draw(st.booleans()) and ids.numel():  # one id anywhere in [lo, hi)
+        ids.view(-1)[draw(st.integers(0, ids.numel() - 1))] = draw(st.integers(lo, hi))
+    return ids.to(dtype)
+
+
+@st.composite
+def padding_masks(draw, b, n):
+    kind = draw(st.sampled_from(["none", "random", "all padding row", "all padding", "wrong shape", "float", "list"]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    if kind == "none":
+        return None
+    mask = torch.rand(b, n, generator=g) < 0.3
+    if kind == "all padding row" and b:
+        mask[0] = True
+    elif kind == "all padding":
+        mask[:] = True
+    elif kind == "wrong shape":
+        mask = torch.zeros(b, n + 1, dtype=torch.bool)
+    elif kind == "float":
+        mask = mask.float()
+    elif kind == "list":
+        mask = mask.tolist()
+    return mask
+
+
+INPUT_NAMES = ("src", "tgt", "src_key_padding_mask", "tgt_key_padding_mask", "max_len", "vocab")
+
+
+@FAST
+@given(data=st.data(), pe=st.sampled_from(PE_TYPES), b=st.integers(0, 3))
+def test_forward_inputs(data, pe, b):
+    """Wrong dtypes, shapes, ranges, empty batches, all-padding rows, lengths beyond a learned table."""
+    model = _model(pe)
+    src, tgt = data.draw(token_tensors(b)), data.draw(token_tensors(b))
+    n_src = src.shape[-1] if src.dim() else 0
+    n_tgt = tgt.shape[-1] if tgt.dim() else 0
+    src_mask, tgt_mask = data.draw(padding_masks(b, n_src)), data.draw(padding_masks(b, n_tgt))
+    with torch.no_grad():
+        out, err = works_or_names(
+            lambda: model(src, tgt, src_key_padding_mask=src_mask, tgt_key_padding_mask=tgt_mask), *INPUT_NAMES
+        )
+    if out is not None:
+        _sane(out, tgt.shape[0], n_tgt)
+
+
+@FAST
+@given(pe=st.sampled_from(PE_TYPES), src=token_tensors(2), max_new=WEIRD, bos=st.integers(-2, VOCAB + 2))
+def test_greedy_decode_inputs(pe, src, max_new, bos):
+    model = _model(pe)
+    ys, err = works_or_names(
+        lambda: greedy_decode(model, src, max_new_tokens=max_new, bos_id=bos, eos_id=2),
+        "src", "max_new_tokens", "bos_id", "max_len", "vocab",
+    )
+    if ys is not None:
+        assert ys.shape[0] == src.shape[0] and ys.dtype == torch.long and (ys[:, 0] == bos).all()
+
+
+# -- experiment settings -----------------------------------------------------------------------------
+def _profile_fields():
+    from posenc_lib.train import Profile
+
+    return [f.name for f in fields(Profile) if f.name != "name"]
+
+
+PROFILE_VALUES = st.one_of(
+    st.sampled_from(["-3", "0", "-0.5", "1e-3", "abc", "none", "None", "true", "nan", "inf", "", "1.5", "7", "64"]),
+    WEIRD,
+)
+
+
+@FAST
+@given(profile=st.sampled_from(["smoke", "cpu", "gpu"]), data=st.data(), value=PROFILE_VALUES)
+def test_profile_overrides(profile, data, value):
+    """``get_profile(name, {field: value})`` (what ``--set field=value`` does) works or names the field."""
+    from posenc_lib.train import get_profile
+
+    name = data.draw(st.sampled_from(_profile_fields() + ["bogus", "name"]))
+    prof, err = works_or_names(lambda: get_profile(profile, {name: value}), name)
+    if prof is not None:  # what was accepted is usable: counts, sizes and rates in range
+        for f in ("d_model", "n_heads", "num_layers", "dim_feedforward", "batch_tokens", "max_steps", "warmup",
+                  "log_every", "val_pairs", "beam"):  # fmt: skip
+            v = getattr(prof, f)
+            assert isinstance(v, int) and not isinstance(v, bool) and v >= 1, (f, v)
+        assert math.isfinite(prof.lr) and prof.lr > 0 and 0 <= prof.dropout < 1
+
+
+def _extrapolation_fields():
+    from posenc_lib.extrapolation import ExtrapolationConfig
+
+    return [f.name for f in fields(ExtrapolationConfig)]
+
+
+@FAST
+@given(data=st.data(), value=st.one_of(WEIRD, st.sampled_from([(), (4, 0), (3, 8), [4, 8], "reverse", "copy"])))
+def test_extrapolation_config_fields(data, value):
+    from posenc_lib.extrapolation import ExtrapolationConfig, make_batch, make_model
+
+    name = data.draw(st.sampled_from(_extrapolation_fields()))
+    extra = {"train_max_len": 4, "d_model": 8, "n_heads": 2} if name not in ("train_max_len", "d_model", "n_heads") else {}
+    cfg, err = works_or_names(lambda: ExtrapolationConfig(**{**extra, name: value}),
+                              name, "n_heads", "d_model", "train_min_len", "train_max_len")  # fmt: skip
+    if cfg is not None:  # an accepted configuration builds its model and its batches
+        model = make_model("rope", cfg) if cfg.d_model * cfg.n_heads <= 64 * 64 else None
+        b = make_batch(cfg, [cfg.train_min_len, cfg.train_max_len], torch.Generator().manual_seed(0))
+        assert b["src"].shape == (2, cfg.train_max_len) and b["tgt_out"].max() < cfg.vocab_size
+        assert cfg.lr > 0 and cfg.warmup >= 0 and cfg.grad_clip > 0 and 0 <= cfg.dropout < 1
+        assert model is None or model.vocab_size == cfg.vocab_size
+
+
+@FAST
+@given(data=st.data(), value=st.one_of(WEIRD, st.sampled_from([(), (16, 0), "cpu", "cuda", "tpu", "float64"])))
+def test_benchmark_config_fields(data, value):
+    import dataclasses
+
+    from benchmarks.common import BenchConfig
+
+    name = data.draw(st.sampled_from([f.name for f in fields(BenchConfig)]))
+    cfg, err = works_or_names(lambda: dataclasses.replace(BenchConfig.quick(), **{name: value}),
+                              name, "n_heads", "d_model")  # fmt: skip
+    if cfg is not None:
+        d = cfg.as_dict()
+        assert all(d[k] >= 1 for k in ("batch", "repeats", "decode_repeats", "memory_length", "decode_new_tokens"))
+        assert cfg.warmup >= 0 and cfg.lengths and min(cfg.lengths) >= 1 and 0 <= cfg.dropout < 1
+
+
+# -- command lines -----------------------------------------------------------------------------------
+def run_cli(main, argv):
+    """``main(argv)`` in-process; returns (exit status, stderr lines). A traceback fails the test."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as stop:
+            code = stop.code
+    return code, [line for line in err.getvalue().splitlines() if line.strip()]
+
+
+def assert_one_line_error(main, argv, *names):
+    code, lines = run_cli(main, argv)
+    assert code == 2, f"{argv}: exit status {code!r}, stderr {lines}"
+    assert len(lines) == 1, f"{argv}: expected one line on stderr, got {lines}"
+    assert "Traceback" not in lines[0]
+    assert any(n in lines[0] for n in names), f"{argv}: {lines[0]!r} names none of {names}"
+
+
+@pytest.fixture()
+def bad_paths(tmp_path):
+    """A file where a folder belongs, and a data folder whose train.fr.xz was cut off mid-copy."""
+    a_file = tmp_path / "a_file.txt"
+    a_file.write_text("not a folder\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("newstest2013", "newstest2014"):
+        for lang in ("fr", "en"):
+            (data / f"{split}.{lang}").write_text("une phrase\n" if lang == "fr" else "a sentence\n")
+    packed = lzma.compress("".join(f"phrase {i}\n" for i in range(2000)).encode())
+    (data / "train.fr.xz").write_bytes(packed[: len(packed) // 2])
+    (data / "train.en.gz").write_bytes(gzip.compress("".join(f"sentence {i}\n" for i in range(2000)).encode()))
+    return {"file": str(a_file), "data": str(data), "nowhere": str(tmp_path / "nowhere"), "out": str(tmp_path / "o")}
+
+
+WMT14_BAD = [
+    (["--profile", "huge"], "--profile"),
+    (["--pe", "rotery"], "rotery"),
+    (["--pe", ","], "--pe", "positional encoding"),
+    (["--seeds", "a"], "--seeds"),
+    (["--seeds", ","], "--seeds"),
+    (["--direction", "de-en"], "--direction"),
+    (["--source", "web"], "--source"),
+    (["--tokenizer", "words"], "--tokenizer"),
+    (["--beam", "-2"], "beam"),
+    (["--beam", "two"], "--beam"),
+    (["--set", "max_steps=-3"], "max_steps"),
+    (["--set", "lr=0"], "lr"),
+    (["--set", "lr=abc"], "lr"),
+    (["--set", "dropout=1.5"], "dropout"),
+    (["--set", "batch_tokens=0"], "batch_tokens"),
+    (["--set", "bogus=1"], "bogus"),
+    (["--set", "max_steps"], "--set"),
+    (["--threads", "-1"], "--threads"),
+    (["--threads", "0"], "--threads"),
+    (["--stop-after", "-1"], "--stop-after"),
+    (["--jobs", "0"], "--jobs"),
+    (["--data-dir", "{file}"], "a_file.txt"),
+    (["--data-dir", "{nowhere}"], "nowhere"),
+    (["--data-dir", "{data}"], "train.fr.xz"),
+    (["--out", "{file}"], "a_file.txt", "--out"),
+    (["--bogus-flag"], "--bogus-flag"),
+]
+
+
+@pytest.mark.parametrize("argv,names", [(a, n) for a, *n in WMT14_BAD], ids=[" ".join(a) for a, *_ in WMT14_BAD])
+def test_wmt14_bad_flags(argv, names, bad_paths):
+    from posenc_lib.wmt14 import main
+
+    argv = [a.format(**bad_paths) for a in argv]
+    out = [] if "--out" in argv else ["--out", bad_paths["out"]]
+    data = [] if "--data-dir" in argv else ["--data-dir", bad_paths["nowhere"]]  # a flag that slips through fails fast
+    assert_one_line_error(main, ["--profile", "smoke", *argv, *out, *data] if argv[0] != "--profile" else
+                          [*argv, *out, *data], *names)  # fmt: skip
+
+
+def test_wmt14_truncated_training_file_is_named(bad_paths):
+    """The issue's example: a cut-off train.fr.xz gives one line naming the file and calling it damaged."""
+    from posenc_lib.wmt14 import main
+
+    code, lines = run_cli(main, ["--profile", "smoke", "--pe", "none", "--data-dir", bad_paths["data"],
+                                 "--out", bad_paths["out"], "--no-progress"])  # fmt: skip
+    assert code == 2 and len(lines) == 1 and "train.fr.xz: damaged xz file" in lines[0], lines
+
+
+def test_wmt14_subcommands_bad_flags(bad_paths):
+    from posenc_lib.wmt14 import main
+
+    assert_one_line_error(main, ["score"], "run_dir")
+    assert_one_line_error(main, ["score", bad_paths["nowhere"]], "nowhere")
+    assert_one_line_error(main, ["make-data"], "--src")
+    assert_one_line_error(main, ["make-data", "--src", bad_paths["data"], "--pairs", "-5",
+                                 "--out", bad_paths["out"]], "pairs")  # fmt: skip
+    assert_one_line_error(main, ["make-data", "--src", bad_paths["nowhere"], "--out", bad_paths["out"]], "nowhere")
+
+
+EXTRAPOLATION_BAD = [
+    (["--profile", "huge"], "--profile"),
+    (["--pe", "rotery"], "rotery"),
+    (["--pe", ","], "--pe"),
+    (["--seeds", "x"], "--seeds"),
+    (["--seeds", "-1"], "--seeds"),
+    (["--jobs", "0"], "--jobs"),
+    (["--jobs", "two"], "--jobs"),
+    (["--out", "{file}"], "--out"),
+    (["--bogus-flag"], "--bogus-flag"),
+]
+
+
+@pytest.mark.parametrize("argv,names", [(a, n) for a, *n in EXTRAPOLATION_BAD],
+                         ids=[" ".join(a) for a, *_ in EXTRAPOLATION_BAD])  # fmt: skip
+def test_extrapolation_bad_flags(argv, names, bad_paths):
+    from posenc_lib.extrapolation import main
+
+    argv = [a.format(**bad_paths) for a in argv]
+    out = [] if "--out" in argv else ["--out", bad_paths["file"]]  # a flag that slips through fails fast
+    assert_one_line_error(main, [*argv, *out, "--no-progress"], *names)
+
+
+BENCH_BAD = [
+    (["--only", "speed"], "--only"),
+    (["--schemes", "rotery"], "--schemes"),
+    (["--lengths", "0,64"], "--lengths"),
+    (["--lengths", "abc"], "--lengths"),
+    (["--batch", "0"], "--batch"),
+    (["--memory-length", "-4"], "--memory-length"),
+    (["--repeats", "0"], "--repeats"),
+    (["--decode-repeats", "-1"], "--decode-repeats"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--dropout", "1.5"], "--dropout"),
+    (["--threads", "0"], "--threads"),
+    (["--device", "tpu"], "--device"),
+    (["--dtype", "int8"], "--dtype"),
+    (["--out", "{file}"], "--out"),
+]
+
+
+@pytest.mark.parametrize("argv,names", [(a, n) for a, *n in BENCH_BAD], ids=[" ".join(a) for a, *_ in BENCH_BAD])
+def test_benchmark_bad_flags(argv, names, bad_paths):
+    from benchmarks.run import main
+
+    argv = [a.format(**bad_paths) for a in argv]
+    out = [] if "--out" in argv else ["--out", bad_paths["file"]]  # a flag that slips through fails fast
+    assert_one_line_error(main, ["--quick", "--quiet", *argv, *out], *names)
+
+
+def test_memory_worker_bad_flags():
+    from benchmarks.memory import _main
+
+    assert_one_line_error(_main, ["--worker", "rotery", "--config", "{}"], "rotery")
+    assert_one_line_error(_main, ["--worker", "rope", "--config", "{oops"], "--config")
+    assert_one_line_error(_main, ["--worker", "rope", "--config", '{"batch": 0}'], "batch")
+    assert_one_line_error(_main, ["--worker", "rope", "--config", "{}", "--threads", "0"], "--threads")
+
+
+FLAG_TEXT = st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max_size=6)
+
+
+def _valid_value(flag, text):
+    from posenc_lib.extrapolation import PROFILES, run_name
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if flag == "--profile":
+        return text in PROFILES
+    if flag == "--pe":
+        try:
+            return text.strip().lower() == "all" or bool([run_name(p) for p in parts])
+        except ValueError:
+            return False
+    try:
+        vals = [int(p) for p in parts] if flag == "--seeds" else [int(text)]
+    except ValueError:
+        return False
+    return bool(vals) and all(0 <= v < 2**32 for v in vals) if flag == "--seeds" else vals[0] >= 1
+
+
+@FAST
+@given(flag=st.sampled_from(["--seeds", "--jobs", "--pe", "--profile"]), text=FLAG_TEXT)
+def test_extrapolation_flag_values_drawn(flag, text, tmp_path_factory):
+    """Any text after a flag is either valid or a one-line error naming that flag."""
+    from posenc_lib.extrapolation import main
+
+    a_file = tmp_path_factory.mktemp("x") / "f"
+    a_file.write_text("")
+    code, lines = run_cli(main, [f"{flag}={text}", "--out", str(a_file), "--no-progress"])
+    assert code == 2 and len(lines) == 1, lines
+    # a valid value gets past its check and is stopped by the next one: --out is a file
+    assert ("--out" if _valid_value(flag, text) else flag) in lines[0], (flag, text, lines)
