@@ -9,9 +9,9 @@ A verdict's mark is ``"✓"`` (meets it), ``"✗"`` (fails it) or ``"~"`` (partl
 A check returns ``True`` when the verdict's *claim* holds: for a ``"✗"`` verdict that is the failure
 it states (for example "the norm grows with t").
 
-Extending it (lessons 07-10): call :func:`register` once per scheme at import time of this module
-(append an ``Entry`` to ``ENTRIES`` below), with the lesson number, then show
-``scorecard_markdown(upto=LESSON)`` in that lesson's summary.
+Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verdict(...)})`` to
+``ENTRIES`` below (or call :func:`register` with it), giving a check function wherever the claim can be
+measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
 Taught in notebooks/01_why_position.ipynb (the requirements) and extended in each lesson's summary.
 """
@@ -173,6 +173,12 @@ def _learned_table_refuses_beyond_max_len() -> bool:
     return False
 
 
+def _learned_rows_distinct() -> bool:
+    from .absolute import LearnedPositionalEmbedding
+
+    return is_unique(LearnedPositionalEmbedding(max_len=64, d_model=16).weight.detach())
+
+
 def _shaw_index_clips() -> bool:
     from .shaw import shaw_index
 
@@ -280,7 +286,7 @@ ENTRIES: list[Entry] = [
                                               lambda: _sinusoidal_shift_is_linear() and _sinusoidal_gram_is_toeplitz()),
     }),
     Entry("learned table", 4, {
-        "unique": Verdict("✓", "random rows start distinct; training keeps them apart"),
+        "unique": Verdict("✓", "random rows start distinct; training keeps them apart", _learned_rows_distinct),
         "deterministic": Verdict("✓", "fixed after training"),
         "bounded": Verdict("✓", "N rows of finite norm"),
         "consistent across lengths": Verdict("✓", "row t is row t"),
@@ -327,9 +333,15 @@ def entries(upto: int | None = None) -> list[Entry]:
 
 
 def run_checks(upto: int | None = None) -> dict[tuple[str, str], bool]:
-    """Run every check of the rows up to lesson ``upto``: ``{(scheme, requirement): claim holds}``."""
-    return {(e.scheme, r): bool(v.check()) for e in entries(upto) for r, v in e.verdicts.items()
-            if v.check is not None}
+    """Run every check of the rows up to lesson ``upto``: ``{(scheme, requirement): claim holds}``.
+
+    The checks run seeded and inside ``torch.random.fork_rng``, so they give the same answer every time
+    and leave the caller's random state untouched.
+    """
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return {(e.scheme, r): bool(v.check()) for e in entries(upto) for r, v in e.verdicts.items()
+                if v.check is not None}
 
 
 def scorecard_markdown(upto: int | None = None, reasons: bool = True) -> str:

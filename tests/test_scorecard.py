@@ -60,3 +60,11 @@ def test_bad_input_is_refused_with_clear_errors():
         scorecard.entries(upto=0)
     with pytest.raises(ValueError, match="codes must be"):
         scorecard.is_unique(torch.zeros(4))
+
+
+def test_running_the_checks_leaves_the_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    scorecard.run_checks()
+    assert torch.equal(torch.rand(3), expected)
