@@ -100,11 +100,12 @@ def _reproduce_commands(nb: dict) -> list[str]:
 
 
 def _modules_used(nb: dict, names: set[str]) -> list[str]:
+    """Library modules a notebook's code imports, in order of first use (not the setup helpers)."""
     used = []
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             for mod in re.findall(r"posenc_lib\.(\w+)", "".join(cell["source"])):
-                if mod in names and mod not in used:
+                if mod in names and mod not in used and mod not in ("notebook", "utils"):
                     used.append(mod)
     return used
 

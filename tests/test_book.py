@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -113,6 +114,7 @@ def driver():
     webdriver = _browser_or_skip()
     from selenium.webdriver.chrome.service import Service
 
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium must not try to download a browser or driver
     profile = tempfile.mkdtemp(prefix="posenc-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
