@@ -68,6 +68,9 @@ def beam_search(
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
+    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < model.vocab_size:
+        raise ValueError(f"eos_id must be a token id in 0..{model.vocab_size - 1} (vocab_size={model.vocab_size}), "
+                         f"got {eos_id!r}")  # fmt: skip
     pad_id = model.pad_id if pad_id is None else pad_id
     was_training = model.training
     model.eval()
@@ -85,6 +88,7 @@ def beam_search(
         # best finished hypothesis per sentence: normalised score and tokens (pad-filled)
         best = torch.full((b,), float("-inf"), device=dev)
         best_ys = torch.full((b, width), pad_id, dtype=torch.long, device=dev)
+        best_ys[:, 0] = bos_id
         best_len = torch.ones(b, dtype=torch.long, device=dev)  # columns used, BOS included
         stopped = torch.zeros(b, dtype=torch.bool, device=dev)
         lp_max = length_penalty(float(max_new_tokens), alpha)
@@ -97,7 +101,7 @@ def beam_search(
             v = logp.shape[-1]
             cand = (live.reshape(-1, 1) + logp).reshape(b, k * v)
             # 1. end-of-sentence candidates among the k best finish, normalised by lp(n)
-            top_score, top_idx = cand.topk(min(k, k * v), dim=-1)
+            top_score, top_idx = cand.topk(k, dim=-1)
             ends = (top_idx % v == eos_id) & torch.isfinite(top_score)
             fin = torch.where(ends, top_score / length_penalty(float(n), alpha), float("-inf"))
             fin_best, fin_at = fin.max(-1)
