@@ -31,7 +31,7 @@ from posenc_lib import PE_TYPES, build_model, greedy_decode
 
 #: a fixed, fast draw for ``make test``; ``BAD_INPUT_EXAMPLES=500`` searches wider (and randomly)
 _N = int(os.environ.get("BAD_INPUT_EXAMPLES", "0"))
-FAST = settings(max_examples=_N or 25, deadline=None, derandomize=not _N,
+FAST = settings(max_examples=_N or 40, deadline=None, derandomize=not _N,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
 TINY = dict(d_model=8, n_heads=2, num_layers=1, dim_feedforward=8, dropout=0.0)
 VOCAB = 12
@@ -177,13 +177,38 @@ def test_forward_inputs(data, pe, b):
         _sane(out, tgt.shape[0], n_tgt)
 
 
+@pytest.mark.parametrize("pe", PE_TYPES)
+def test_named_edge_cases(pe):
+    """The cases the draws above should meet, made certain for every scheme."""
+    model, src, tgt = _model(pe), _tokens(2, 5), _tokens(2, 4, seed=1)
+    with torch.no_grad():
+        _sane(model(src[:0], tgt[:0]), 0, 4)  # an empty batch
+        pad_row = torch.zeros(2, 5, dtype=torch.bool)
+        pad_row[1] = True  # one source row is nothing but padding
+        _sane(model(src, tgt, src_key_padding_mask=pad_row, tgt_key_padding_mask=pad_row[:, :4]), 2, 4)
+        cases = [
+            ((src.float(), tgt), {}, TypeError, r"src must hold integer token ids"),
+            ((src, tgt[:1]), {}, ValueError, r"tgt has batch size 1"),
+            ((src[:, :0], tgt), {}, ValueError, r"src must hold at least one token"),
+            ((torch.tensor([[1, 25]]), tgt[:1]), {}, ValueError, r"src holds token id 25 .*vocab_size=12"),
+            ((src, tgt), {"src_key_padding_mask": pad_row[:, :3]}, ValueError, r"src_key_padding_mask must have shape"),
+            ((src, tgt), {"src_key_padding_mask": pad_row.float()}, TypeError, r"src_key_padding_mask must be a bool"),
+            ((src, tgt), {"tgt_key_padding_mask": [[0] * 4] * 2}, TypeError, r"tgt_key_padding_mask must be a bool"),
+        ]
+        if pe == "learned":  # 8 rows: a 9-token source has no row for position 8
+            cases.append(((_tokens(2, 9), tgt), {}, ValueError, r"max_len=8"))
+        for args, kw, kind, match in cases:
+            with pytest.raises(kind, match=match):
+                model(*args, **kw)
+
+
 @FAST
 @given(pe=st.sampled_from(PE_TYPES), src=token_tensors(2), max_new=WEIRD, bos=st.integers(-2, VOCAB + 2))
 def test_greedy_decode_inputs(pe, src, max_new, bos):
     model = _model(pe)
     ys, err = works_or_names(
         lambda: greedy_decode(model, src, max_new_tokens=max_new, bos_id=bos, eos_id=2),
-        "src", "max_new_tokens", "bos_id", "max_len", "vocab",
+        "src", "max_new_tokens", "bos_id", "max_len", "vocab_size=12",
     )
     if ys is not None:
         assert ys.shape[0] == src.shape[0] and ys.dtype == torch.long and (ys[:, 0] == bos).all()
