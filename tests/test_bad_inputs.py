@@ -438,6 +438,33 @@ def test_memory_worker_bad_flags():
     assert_one_line_error(_main, ["--worker", "rope", "--config", "{}", "--threads", "0"], "--threads")
 
 
+LONGCTX_BAD = [
+    (["--profile", "huge"], "--profile"),
+    (["--seeds", "x"], "--seeds"),
+    (["--seeds", ","], "--seeds"),
+    (["--models", "bogus"], "bogus"),
+    (["--jobs", "0"], "--jobs"),
+    (["--jobs", "two"], "--jobs"),
+    (["--out", "{file}"], "--out"),
+    (["--ckpt", "{file}"], "--ckpt"),
+    (["--bogus-flag"], "--bogus-flag"),
+]
+
+
+@pytest.mark.parametrize("argv,names", [(a, n) for a, *n in LONGCTX_BAD], ids=[" ".join(a) for a, *_ in LONGCTX_BAD])
+def test_longctx_bad_flags(argv, names, bad_paths, monkeypatch):
+    from posenc_lib import longctx
+
+    def slipped_through(*args, **kwargs):
+        raise AssertionError(f"{argv} was accepted: training would start")
+
+    monkeypatch.setattr(longctx, "run_all", slipped_through)
+    argv = [a.format(**bad_paths) for a in argv]
+    out = [] if "--out" in argv else ["--out", bad_paths["out"]]
+    assert_one_line_error(longctx.main, ["--profile", "smoke", *argv, *out] if argv[0] != "--profile" else
+                          [*argv, *out], *names)  # fmt: skip
+
+
 FLAG_TEXT = st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max_size=6)
 
 
