@@ -176,7 +176,10 @@ def load_wmt14(
             where = "Hugging Face hub: datasets.load_dataset('wmt14', 'fr-en') (streamed train subset)"
         except Exception as err:  # the hub is unreachable or the dataset moved
             if source == "hub":
-                raise ConnectionError(f"could not load wmt14 fr-en from the Hugging Face hub: {err}") from err
+                raise ConnectionError(
+                    f"could not load wmt14 fr-en from the Hugging Face hub ({' '.join(str(err).split())}); "
+                    "offline, use the shipped files: --source files, or --data-dir FOLDER"
+                ) from err
             why = f" (Hugging Face hub unreachable: {type(err).__name__})"
     if splits is None:
         data_dir = Path(data_dir) if data_dir is not None else SHIPPED_DIR

@@ -326,6 +326,7 @@ WMT14_BAD = [
     (["--seeds", ","], "--seeds"),
     (["--direction", "de-en"], "--direction"),
     (["--source", "web"], "--source"),
+    (["--source", "hub"], "--source files"),  # offline (the tests set HF_HUB_OFFLINE=1): one line, not a traceback
     (["--tokenizer", "words"], "--tokenizer"),
     (["--beam", "-2"], "beam"),
     (["--beam", "two"], "--beam"),
@@ -349,9 +350,11 @@ WMT14_BAD = [
 
 
 @pytest.mark.parametrize("argv,names", [(a, n) for a, *n in WMT14_BAD], ids=[" ".join(a) for a, *_ in WMT14_BAD])
-def test_wmt14_bad_flags(argv, names, bad_paths):
+def test_wmt14_bad_flags(argv, names, bad_paths, monkeypatch):
     from posenc_lib.wmt14 import main
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     argv = [a.format(**bad_paths) for a in argv]
     out = [] if "--out" in argv else ["--out", bad_paths["out"]]
     data = [] if "--data-dir" in argv else ["--data-dir", bad_paths["nowhere"]]  # a flag that slips through fails fast
