@@ -168,3 +168,32 @@ def test_shaw_efficient_equals_naive(length, k):
 def test_shaw_index_clips():
     idx = shaw_index(torch.arange(5), torch.arange(5), 2)
     assert idx.tolist()[0] == [2, 3, 4, 4, 4] and idx.tolist()[4] == [0, 0, 0, 1, 2]
+
+
+# ----------------------------------------------------------------- attention dispatch
+@SETTINGS
+@given(q_len=st.integers(1, 6), cached=st.integers(0, 4), causal=st.booleans(), padded=st.booleans(),
+       pe=st.sampled_from(["none", "rope", "alibi", "t5"]))
+def test_fused_path_equals_explicit_path_for_every_shape(q_len, cached, causal, padded, pe):
+    """Whatever ``choose_attention_path`` picks (is_causal, no mask for one query, a boolean or a
+    float mask) gives the explicit softmax's result, with and without cached keys."""
+    from posenc_lib import make_scheme
+    from posenc_lib.attention import MultiHeadAttention
+
+    g = torch.Generator().manual_seed(q_len * 31 + cached * 7 + causal * 3 + padded)
+    attn = MultiHeadAttention(16, 2).eval()
+    scheme = make_scheme(pe, 16, 2, 1, causal=causal)
+    k_len = cached + q_len
+    ctx = scheme.prepare(torch.arange(cached, k_len), torch.arange(k_len))
+    x = torch.randn(2, q_len, 16, generator=g)
+    past = {"k": torch.randn(2, 2, cached, 8, generator=g), "v": torch.randn(2, 2, cached, 8, generator=g)}
+    pad = None
+    if padded:
+        pad = torch.zeros(2, k_len, dtype=torch.bool)
+        pad[1, 0] = True  # the oldest key of row 1 is padding
+    outs = []
+    for weights in (False, True):
+        cache = {key: t.clone() for key, t in past.items()} if cached else None
+        out = attn(x, causal=causal, pos=scheme, ctx=ctx, key_padding_mask=pad, cache=cache, need_weights=weights)
+        outs.append(out[0] if weights else out)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)
