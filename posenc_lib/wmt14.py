@@ -290,7 +290,9 @@ def _job(pe: str, seed: int, ctx: dict) -> dict:
     if not tr["finished"]:
         log(f"{model_dir.name}: stopped at update {tr['updates']}; rerun with --resume to continue")
         return {"name": model_dir.name, "finished": False}
-    log(f"{model_dir.name}: {tr['updates']} updates in {tr['wall_s']:.0f} s ({tr['precision']}); evaluating")
+    world = dist_info()[1]
+    log(f"{model_dir.name}: {tr['updates']} updates in {tr['wall_s']:.0f} s ({tr['precision']}); evaluating"
+        + (f" (decoding shared by {world} processes)" if world > 1 else ""))
     res, hyps = evaluate_model(tr["model"], ctx["tok"], ctx["tests"], prof, ctx["bert_spec"] if rank == 0 else None,
                                ctx["device"])
     if rank == 0:
@@ -783,6 +785,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"{flag} must be a positive integer, got {v}")
         if args.jobs.strip().lower() != "auto":
             resolve_jobs(args.jobs, "cpu", 1)
+        for flag, folder in (("--out", args.out), ("--ckpt-dir", args.ckpt_dir)):
+            if folder and Path(folder).exists() and not Path(folder).is_dir():
+                raise ValueError(f"{flag} {folder} is a file; give a folder")
     except ValueError as err:
         ap.error(str(err))
     if args.threads:
@@ -797,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir, source=args.source, vocab=args.vocab, resume=args.resume,
             progress=not args.no_progress and sys.stderr.isatty(), stop_after=args.stop_after,
             ckpt_dir=args.ckpt_dir, jobs=args.jobs, threads=args.threads)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:

@@ -119,6 +119,27 @@ def test_ddp_two_gloo_processes(tmp_path):
     r = json.loads((tmp_path / "ddp" / "sinusoidal-seed0" / "result.json").read_text())
     assert r["updates"] == 4 and r["curve"][-1]["val_loss"] is not None
     assert proc.stdout.count("results:") == 1  # only rank 0 reports
+    assert "decoding shared by 2 processes" in proc.stdout  # each rank translated half the sentences
+    for name in ("heldout", "newstest2014"):
+        hyp = (tmp_path / "ddp" / "sinusoidal-seed0" / f"hyp.{name}.txt").read_text(encoding="utf-8").split("\n")
+        assert len(hyp) == 5 and hyp[-1] == ""  # all 4 sentences, in order, gathered on rank 0
+    ck = torch.load(tmp_path / "ddp-ckpt" / "sinusoidal-seed0" / "checkpoint.pt", weights_only=False)
+    assert len(ck["rng"]) == 2 and all(r["cpu"].dtype == torch.uint8 for r in ck["rng"])  # one state per process
+    # the gathered translations are in the sources' order: rank r decoded sentences r, r + 2, ... (the
+    # batch sets the length limit, so the same shares are decoded here in one process to compare)
+    from posenc_lib.evaluate import translate
+    from posenc_lib.tokenizer import load_bpe
+
+    cfg = dict(ck["config"])
+    model = build_model(cfg.pop("pe"), cfg.pop("vocab_size"), **cfg)
+    model.load_state_dict(ck["model"])
+    src = (tmp_path / "ddp" / "src.newstest2014.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    hyp = (tmp_path / "ddp" / "sinusoidal-seed0" / "hyp.newstest2014.txt").read_text(encoding="utf-8").split("\n")
+    tok = load_bpe(tmp_path / "ddp" / "tokenizer.json")
+    expected = [None] * len(src)
+    for r in range(2):
+        expected[r::2] = translate(model.eval(), tok, src[r::2])
+    assert expected == hyp[:-1]
 
 
 @pytest.mark.parametrize("pe", PE_TYPES)
