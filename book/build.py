@@ -86,6 +86,22 @@ def _rewrite_links(text: str, prefix: str, names: set[str]) -> str:
     return re.sub(r"\[([^\]\n]*)\]\(([^)\s]+)\)", repl, text)
 
 
+# spans where no link may be added: headings, code, math, existing links and images, HTML
+_PROTECTED = re.compile(r"(^[ \t]*#[^\n]*$|```.*?```|`[^`\n]*`|\$\$.*?\$\$|\$[^$\n]*\$|!?\[[^\]\n]*\]\([^)\n]*\)"
+                        r"|<a\b.*?</a>|<[^>\n]*>)", re.S | re.M)  # fmt: skip
+
+
+def _link_lesson_mentions(text: str, pages: dict[str, str], prefix: str) -> str:
+    """Turn "lesson 06" in prose into a link to lesson 06's page (not in headings, code, math or links)."""
+
+    def link(m: re.Match) -> str:
+        page = pages.get(m.group(2))
+        return f"[{m.group(1)} {m.group(2)}]({prefix}{page})" if page else m.group(0)
+
+    parts = _PROTECTED.split(text)  # odd items are the protected spans
+    return "".join(p if i % 2 else re.sub(r"\b([Ll]esson) (\d\d)\b", link, p) for i, p in enumerate(parts))
+
+
 def _reproduce_commands(nb: dict) -> list[str]:
     """Experiment commands (``python -m posenc_lib.…``) quoted in a notebook's Markdown."""
     found = []
@@ -140,7 +156,7 @@ def run_it_box(name: str, nb: dict, names: set[str], teaching: dict[str, list[st
     return "\n".join(lines) + "\n"
 
 
-def write_lesson(src: Path, dst: Path, names: set[str], teaching: dict[str, list[str]]) -> str:
+def write_lesson(src: Path, dst: Path, names: set[str], teaching: dict[str, list[str]], pages: dict[str, str]) -> str:
     """Copy one notebook to the site with its "Run it" box; returns its title."""
     nb = json.loads(src.read_text(encoding="utf-8"))
     first = next(c for c in nb["cells"] if c["cell_type"] == "markdown")
@@ -153,6 +169,8 @@ def write_lesson(src: Path, dst: Path, names: set[str], teaching: dict[str, list
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             text = _rewrite_links("".join(cell["source"]), "../", names)
+            if cell is not first:  # the title and the Run it box stay as they are
+                text = _link_lesson_mentions(text, pages, "")
             cell["source"] = _link_repo_files(text, dst.parent.parent, src.parent, "../")
     nb.get("metadata", {}).pop("widgets", None)  # no live kernel on a static site
     for cell in nb["cells"]:
@@ -176,7 +194,8 @@ def write_sources(out: Path) -> Path:
     names = set(modules())
     teaching = {m: lessons_of_module(ROOT / "posenc_lib" / f"{m}.py") for m in sorted(names)}
 
-    titles = [write_lesson(nb, src / "lessons" / nb.name, names, teaching) for nb in lessons()]
+    pages = {nb.name[:2]: nb.name for nb in lessons()}
+    titles = [write_lesson(nb, src / "lessons" / nb.name, names, teaching, pages) for nb in lessons()]
     for m in sorted(names):
         nums = teaching[m]
         taught = {p.name[:2]: p for p in lessons()}
@@ -199,7 +218,7 @@ def write_sources(out: Path) -> Path:
         (src / f"{page}.md").write_text(text, encoding="utf-8")
 
     readme = _rewrite_links((ROOT / "README.md").read_text(encoding="utf-8"), "", names)
-    readme = _link_repo_files(readme, src)
+    readme = _link_lesson_mentions(_link_repo_files(readme, src), pages, "lessons/")
     toc = ["", "```{toctree}", ":hidden:", ":caption: Lessons", ""]
     toc += [f"lessons/{nb.stem}" for nb in lessons()]
     toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Library", ""]

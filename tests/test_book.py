@@ -60,12 +60,14 @@ def test_every_lesson_and_module_has_a_page(site):
     assert "failed to import" not in warnings, warnings[:2000]
 
 
-def test_home_page_is_the_readme_and_lessons_link_to_their_pages(site):
+def test_home_page_is_the_readme_and_pages_link_to_each_other(site):
     index = (site / "index.html").read_text(encoding="utf-8")
     readme_title = (ROOT / "README.md").read_text().splitlines()[0].lstrip("# ").strip()
     assert readme_title.split("—")[0].strip() in index
     for nb in book.lessons():
         assert f'href="lessons/{nb.stem}.html"' in index, nb.name
+    # "lesson 03" in a lesson's prose links to lesson 03
+    assert 'href="03_sinusoidal.html"' in (site / "lessons" / "06_rope.html").read_text(encoding="utf-8")
     # a lesson that teaches a module links to its page; the module page links back
     assert 'href="../api/rotary.html"' in (site / "lessons" / "06_rope.html").read_text(encoding="utf-8")
     assert 'href="../lessons/06_rope.html"' in (site / "api" / "rotary.html").read_text(encoding="utf-8")
