@@ -13,7 +13,7 @@ Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verd
 ``ENTRIES`` below (or call :func:`register` with it), giving a check function wherever the claim can be
 measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
-Taught in notebooks/01_why_position.ipynb (the requirements) and extended in each lesson's summary.
+Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-06.
 """
 from __future__ import annotations
 
