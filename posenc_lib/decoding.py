@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .model import Seq2SeqTransformer
-from .utils import check_positive_int, check_token_tensor
+from .utils import check_int_range, check_positive_int, check_token_tensor
 
 #: on an accelerator, decoding loops check "has every row finished?" once per this many steps
 SYNC_EVERY = 8
@@ -50,6 +50,8 @@ def greedy_decode(
     """
     check_token_tensor("src", src)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
+    for name, tok in (("bos_id", bos_id), ("eos_id", eos_id)):
+        check_int_range(name, tok, 0, model.vocab_size - 1)
     pad_id = model.pad_id if pad_id is None else pad_id
     was_training = model.training
     model.eval()

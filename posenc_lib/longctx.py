@@ -27,7 +27,6 @@ Command line::
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -44,7 +43,7 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .data import SHIPPED_DIR, find_file, read_lines
 from .schemes import make_scheme
-from .utils import atomic_torch_save, atomic_write_json, check_positive_int, set_seed
+from .utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, set_seed
 
 SCHEMA = "posenc.longctx/1"
 UNK = 0  # id of characters outside the vocabulary
@@ -468,7 +467,7 @@ def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, s
 
 # -- command line ---------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m posenc_lib.longctx", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m posenc_lib.longctx", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(models(COURSE)))
@@ -493,6 +492,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    for flag, folder in (("--out", a.out), ("--ckpt", a.ckpt)):
+        if Path(folder).exists() and not Path(folder).is_dir():
+            p.error(f"{flag} {folder} is a file; give a folder")
     t0 = time.perf_counter()
     run_all(cfg, seeds, a.out, a.ckpt, names=names, finetunes=[] if a.no_finetune else None, jobs=a.jobs)
     print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")

@@ -38,6 +38,12 @@ def t5_relative_bucket(
     max_distance = check_positive_int("max_distance", max_distance)
     if bidirectional and num_buckets % 2:
         raise ValueError(f"num_buckets must be even for bidirectional buckets, got {num_buckets}")
+    exact = (num_buckets // 2 if bidirectional else num_buckets) // 2  # distances with a bucket of their own
+    if exact < 1 or max_distance <= exact:
+        raise ValueError(
+            f"need num_buckets >= {4 if bidirectional else 2} and max_distance > {max(exact, 1)} (the exactly "
+            f"bucketed distances), got num_buckets={num_buckets}, max_distance={max_distance}"
+        )
     rel = relative_position.long()
     bucket = torch.zeros_like(rel)
     if bidirectional:
@@ -65,6 +71,7 @@ class T5Bias(PositionScheme):
         super().__init__(d_model, n_heads, num_layers, causal)
         self.num_buckets = check_positive_int("num_buckets", num_buckets)
         self.max_distance = check_positive_int("max_distance", max_distance)
+        t5_relative_bucket(torch.zeros(1), not causal, num_buckets, max_distance)  # refuse bad sizes now
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
         nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
 

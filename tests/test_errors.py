@@ -156,3 +156,50 @@ def test_data_dir_errors(tmp_path):
         load_wmt14(tmp_path, source="files", max_train=-3)
     with pytest.raises(ValueError, match=r"limit must be a positive integer, got 0"):
         read_parallel(tmp_path, "train", 0)
+
+
+def test_sizes_that_would_divide_by_zero_are_refused():
+    with pytest.raises(ValueError, match=r"need num_buckets >= 4 and max_distance > 1.*num_buckets=2"):
+        build_model("t5", 10, d_model=16, n_heads=2, num_layers=1, num_buckets=2)
+    with pytest.raises(ValueError, match=r"max_distance > 8.*max_distance=8"):
+        t5_relative_bucket(torch.arange(3), True, 32, 8)
+    with pytest.raises(ValueError, match=r"need position_buckets >= 4"):
+        build_model("deberta", 10, d_model=16, n_heads=2, num_layers=1, position_buckets=2)
+    for pe in ("sinusoidal", "xlnet"):
+        with pytest.raises(ValueError, match=r"base must be a finite number in \(1.0, inf\), got 0"):
+            build_model(pe, 10, d_model=16, n_heads=2, num_layers=1, base=0)
+
+
+def test_decoding_ids_and_model_ids_are_checked():
+    m = build_model("none", 10, d_model=16, n_heads=2, num_layers=1)
+    with pytest.raises(ValueError, match=r"bos_id must be an integer in \[0, 9\], got 12"):
+        greedy_decode(m, torch.ones(1, 3, dtype=torch.long), max_new_tokens=2, bos_id=12, eos_id=2)
+    with pytest.raises(ValueError, match=r"pad_id must be an integer in \[0, 9\], got 10"):
+        build_model("none", 10, pad_id=10)
+    with pytest.raises(TypeError, match=r"dropout must be a finite number in \[0.0, 1.0\), got .0.1. \(str\)"):
+        build_model("none", 10, dropout="0.1")
+
+
+def test_experiment_settings_name_field_and_range():
+    from benchmarks.common import BenchConfig
+    from posenc_lib.extrapolation import ExtrapolationConfig
+
+    for kw, match in [
+        ({"lr": 0}, r"lr must be a finite number in \(0.0, inf\), got 0"),
+        ({"warmup": -1}, r"warmup must be an integer >= 0, got -1"),
+        ({"steps": 0}, r"steps must be a positive integer, got 0"),
+        ({"grad_clip": -1.0}, r"grad_clip must be a finite number in \(0.0, inf\)"),
+        ({"test_lengths": ()}, r"test_lengths must name at least one length"),
+        ({"d_model": 12, "n_heads": 4}, r"d_model / n_heads=3 must both be even"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            ExtrapolationConfig(**kw)
+    for kw, match in [
+        ({"batch": 0}, r"batch must be an integer >= 1, got 0"),
+        ({"lengths": (64, 0)}, r"every training length must be an integer >= 1, got 0"),
+        ({"dropout": 1.0}, r"dropout must be a finite number in \[0.0, 1.0\), got 1.0"),
+        ({"dtype": "int8"}, r"unknown dtype 'int8'; valid choices: float32"),
+        ({"vocab_size": 3}, r"vocab_size must be an integer >= 5"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            BenchConfig(**kw)
