@@ -358,12 +358,46 @@ def scorecard_markdown(upto: int | None = None, reasons: bool = True) -> str:
     return "\n".join(lines)
 
 
-def show(upto: int | None = None, reasons: bool = True):
-    """Display the scorecard in a notebook after running its checks; raises if a check contradicts a verdict."""
+_LEGEND = "✓ meets it, ✗ fails it, ~ partly; † checked by code on every run (posenc_lib.scorecard.run_checks)."
+
+
+def scorecard_html(upto: int | None = None, reasons: bool = True) -> str:
+    """The scorecard as an HTML table (what a notebook and the course website display)."""
+    from html import escape
+
+    head = "".join(f"<th>{escape(r)}</th>" for r in ("scheme",) + REQUIREMENTS)
+    rows = []
+    for e in entries(upto):
+        cells = [f"<td>{escape(e.scheme)} (L{e.lesson:02d})</td>"]
+        for r in REQUIREMENTS:
+            v = e.verdicts[r]
+            mark = v.mark + ("†" if v.check is not None else "")
+            cells.append(f"<td><b>{mark}</b> {escape(v.reason)}</td>" if reasons else f"<td>{mark}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table class="scorecard"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            f"<p><small>{escape(_LEGEND)}</small></p>")
+
+
+class ScorecardView:
+    """What :func:`show` returns: displays as an HTML table, prints as the Markdown table."""
+
+    def __init__(self, upto: int | None = None, reasons: bool = True):
+        self.markdown = scorecard_markdown(upto, reasons) + "\n\n" + _LEGEND
+        self.html = scorecard_html(upto, reasons)
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown
+
+    def __repr__(self) -> str:
+        return self.markdown
+
+
+def show(upto: int | None = None, reasons: bool = True) -> ScorecardView:
+    """The scorecard up to lesson ``upto`` after running its checks; raises if a check contradicts a verdict."""
     failed = [key for key, ok in run_checks(upto).items() if not ok]
     if failed:
         raise AssertionError(f"scorecard verdicts contradicted by their checks: {failed}")
-    from IPython.display import Markdown
-
-    return Markdown(scorecard_markdown(upto, reasons) + "\n\n✓ meets it, ✗ fails it, ~ partly; "
-                    "† checked by code on every run (`posenc_lib.scorecard.run_checks`).")
+    return ScorecardView(upto, reasons)

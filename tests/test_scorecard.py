@@ -68,3 +68,11 @@ def test_running_the_checks_leaves_the_random_state_alone():
     torch.manual_seed(123)
     scorecard.run_checks()
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_show_displays_html_and_prints_markdown():
+    view = scorecard.show(upto=3)
+    html = view._repr_html_()
+    assert html.startswith('<table class="scorecard">') and html.count("<tr>") == len(scorecard.entries(3)) + 1
+    assert "<td>sinusoidal (L03)</td>" in html and "RoPE" not in html
+    assert repr(view).startswith("| scheme | unique |") and "† checked by code" in repr(view)
