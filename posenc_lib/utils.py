@@ -149,7 +149,8 @@ class CliParser(argparse.ArgumentParser):
     def parse_known_args(self, args=None, namespace=None):  # noqa: D102
         ns, extras = super().parse_known_args(args, namespace)
         for action in self._actions:  # Python 3.11's argparse turns "--flag=--" into [] instead of an error
-            if action.option_strings and action.nargs is None and getattr(ns, action.dest, None) == []:
+            value = getattr(ns, action.dest, None)
+            if action.option_strings and action.nargs is None and value == [] and action.default != []:
                 self.error(f"argument {action.option_strings[-1]}: expected one value")
         return ns, extras
 

@@ -45,7 +45,7 @@ from .schemes import PE_TYPES, canonical_pe
 from .tokenizer import get_tokenizer
 from .train import (PROFILES, Profile, barrier, cuda_bf16_native, dist_info, get_profile, resolve_precision,
                     train_model)
-from .utils import atomic_torch_save, atomic_write_json, atomic_write_text, check_choice
+from .utils import CliParser, atomic_torch_save, atomic_write_json, atomic_write_text, check_choice
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -682,8 +682,8 @@ def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, se
 
 
 # -- command line ----------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    """Bad flags exit with status 2 and one line (no usage block, no traceback)."""
+class _Parser(CliParser):
+    """Bad flags exit with status 2 and one line (no usage block, no traceback; ``--flag=--`` included)."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")

@@ -20,6 +20,7 @@ import io
 import lzma
 import math
 import os
+import sys
 from dataclasses import fields
 
 import pytest
@@ -324,6 +325,7 @@ WMT14_BAD = [
     (["--pe", ","], "--pe", "positional encoding"),
     (["--seeds", "a"], "--seeds"),
     (["--seeds", ","], "--seeds"),
+    (["--seeds=--"], "--seeds"),  # Python 3.11's argparse hands "--" on as an empty list
     (["--direction", "de-en"], "--direction"),
     (["--source", "web"], "--source"),
     (["--source", "hub"], "--source files"),  # offline (the tests set HF_HUB_OFFLINE=1): one line, not a traceback
@@ -390,6 +392,7 @@ EXTRAPOLATION_BAD = [
     (["--seeds", "-1"], "--seeds"),
     (["--jobs", "0"], "--jobs"),
     (["--jobs", "two"], "--jobs"),
+    (["--pe=--"], "--pe"),
     (["--out", "{file}"], "--out"),
     (["--bogus-flag"], "--bogus-flag"),
 ]
@@ -446,6 +449,7 @@ LONGCTX_BAD = [
     (["--seeds", "x"], "--seeds"),
     (["--seeds", ","], "--seeds"),
     (["--models", "bogus"], "bogus"),
+    (["--models=--"], "--models"),
     (["--jobs", "0"], "--jobs"),
     (["--jobs", "two"], "--jobs"),
     (["--out", "{file}"], "--out"),
@@ -501,3 +505,45 @@ def test_extrapolation_flag_values_drawn(flag, text, tmp_path_factory):
     assert code == 2 and len(lines) == 1, lines
     # a valid value gets past its check and is stopped by the next one: --out is a file
     assert ("--out" if _valid_value(flag, text) else flag) in lines[0], (flag, text, lines)
+
+
+def _wmt14_main():
+    from posenc_lib.wmt14 import main
+
+    return main
+
+
+def _longctx_main():
+    from posenc_lib.longctx import main
+
+    return main
+
+
+DRAWN_FLAGS = {
+    "wmt14": (_wmt14_main, ["--seeds", "--pe", "--jobs", "--profile", "--set", "--beam", "--threads", "--out"]),
+    "longctx": (_longctx_main, ["--seeds", "--models", "--jobs", "--profile", "--out"]),
+}
+
+
+@FAST
+@given(data=st.data(), text=FLAG_TEXT)
+@pytest.mark.parametrize("cli", sorted(DRAWN_FLAGS))
+def test_flag_values_drawn_never_trace_back(cli, data, text, tmp_path_factory, monkeypatch):
+    """Any text after any flag: exit status 2 and one line, naming the flag or, for a value that is fine,
+    the first thing that stops the run here (a data folder that does not exist, training switched off)."""
+    get_main, flags = DRAWN_FLAGS[cli]
+    flag = data.draw(st.sampled_from(flags))
+    folder = tmp_path_factory.mktemp("cli")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if cli == "longctx":
+        from posenc_lib import longctx
+
+        def stop(*args, **kwargs):
+            raise SystemExit(print("stopped: accepted", file=sys.stderr) or 2)
+
+        monkeypatch.setattr(longctx, "run_all", stop)
+    safety = ["--data-dir", str(folder / "nowhere")] if cli == "wmt14" else []
+    out = [] if flag == "--out" else ["--out", str(folder / "o")]
+    code, lines = run_cli(get_main(), ["--profile=smoke", f"{flag}={text}", *out, *safety])
+    assert code == 2 and len(lines) == 1, (flag, text, lines)
+    assert "Traceback" not in lines[0]
