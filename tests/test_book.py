@@ -8,6 +8,7 @@ It saves one screenshot per page under ``build/book/screenshots/``. Without Chro
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import http.server
 import json
@@ -29,8 +30,11 @@ CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="module")
-def site() -> Path:
-    return book.build(OUT)
+def site():
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with open(OUT.parent / "book.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs in one checkout take turns with build/book
+        yield book.build(OUT)
 
 
 def _pages(html: Path) -> list[Path]:
