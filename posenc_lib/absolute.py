@@ -23,6 +23,8 @@ notebooks/04_learned_positions.ipynb.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
@@ -103,7 +105,7 @@ def hierarchical_positions(table: torch.Tensor, alpha: float = 0.4) -> torch.Ten
     """
     if table.dim() != 2:
         raise ValueError(f"table must have shape (n, d), got shape {tuple(table.shape)}")
-    if not 0.0 < alpha < 1.0 or alpha == 0.5:
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 < alpha < 1.0 or alpha == 0.5:
         raise ValueError(f"alpha must be in (0, 1) and not 0.5 (else q_(i,j) = q_(j,i)), got {alpha}")
     n = table.shape[0]
     u = (table - alpha * table[:1]) / (1.0 - alpha)

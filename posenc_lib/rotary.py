@@ -30,12 +30,13 @@ import torch
 from torch import nn
 
 from .rope_scaling import check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401 (re-exported)
-from .utils import check_even, check_float_tensor
+from .utils import check_even, check_float_range, check_float_tensor
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
     """``(head_dim // 2,)`` float32 frequencies ``theta_k = base^(-2k/head_dim)``."""
     head_dim = check_even("head_dim", head_dim)
+    base = check_float_range("base", base, 1.0, low_open=True)
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
 
 

@@ -16,6 +16,7 @@ Taught in notebooks/03_sinusoidal.ipynb.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import nn
@@ -53,6 +54,8 @@ def sinusoidal_table(n_positions: int, dim: int, base: float = 10000.0) -> torch
 
 def sinusoidal_shift_matrix(delta: float, dim: int, base: float = 10000.0) -> torch.Tensor:
     """``(dim, dim)`` block-diagonal rotation ``T_delta`` with ``PE(t+delta) = T_delta @ PE(t)``."""
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not math.isfinite(delta):
+        raise ValueError(f"delta (the shift in positions) must be a finite number, got {delta!r}")
     w = sinusoidal_frequencies(dim, base, torch.float64) * delta
     c, s = w.cos(), w.sin()
     T = torch.zeros(dim, dim, dtype=torch.float64)
@@ -67,6 +70,8 @@ def sinusoidal_shift_matrix(delta: float, dim: int, base: float = 10000.0) -> to
 
 def sinusoidal_table_2d(height: int, width: int, dim: int, base: float = 10000.0) -> torch.Tensor:
     """``(height, width, dim)`` 2-D code: first ``dim/2`` channels code the row, the rest the column."""
+    check_positive_int("height", height)
+    check_positive_int("width", width)
     if dim % 4:
         raise ValueError(f"dim must be divisible by 4 for the 2-D variant (sin/cos for rows and columns), got {dim}")
     rows = sinusoidal_table(height, dim // 2, base)  # (H, dim/2)

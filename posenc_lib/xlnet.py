@@ -27,11 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import PositionScheme, on_host
-from .utils import check_float_range
+from .utils import check_even, check_float_range
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:
     """``(n, d_model)``: ``[sin(d * w), cos(d * w)]`` with ``w_k = base^(-2k/d_model)`` (XLNet layout)."""
+    check_even("d_model", d_model)
+    check_float_range("base", base, 1.0, low_open=True)
     inv_freq = 1.0 / (base ** (torch.arange(0, d_model, 2, dtype=torch.float32, device=distances.device) / d_model))
     ang = distances.to(torch.float32)[:, None] * inv_freq[None, :]
     return torch.cat((ang.sin(), ang.cos()), dim=-1)

@@ -218,6 +218,52 @@ def test_greedy_decode_inputs(pe, src, max_new, bos):
         assert ys.shape[0] == src.shape[0] and ys.dtype == torch.long and (ys[:, 0] == bos).all()
 
 
+# -- the functions the lessons call ------------------------------------------------------------------
+def _functions():
+    """name -> (call taking one drawn value, the argument that value fills)."""
+    import posenc_lib as P
+
+    x = torch.randn(2, 5, 8)
+    rel = torch.arange(-6, 7)
+    return {
+        "integer_positions": (lambda v: P.integer_positions(v), "length"),
+        "normalized_positions": (lambda v: P.normalized_positions(v), "length"),
+        "binary_positions": (lambda v: P.binary_positions(v), "length"),
+        "binary_positions n_bits": (lambda v: P.binary_positions(8, v), "n_bits"),
+        "hierarchical_positions": (lambda v: P.hierarchical_positions(torch.randn(4, 8), v), "alpha"),
+        "sinusoidal_table n": (lambda v: P.sinusoidal_table(v, 8), "n_positions"),
+        "sinusoidal_table dim": (lambda v: P.sinusoidal_table(4, v), "dim"),
+        "sinusoidal_table base": (lambda v: P.sinusoidal_table(4, 8, v), "base"),
+        "sinusoidal_table_2d": (lambda v: P.sinusoidal_table_2d(3, v, 8), "width"),
+        "sinusoidal_shift_matrix": (lambda v: P.sinusoidal_shift_matrix(v, 8), "delta"),
+        "apply_rope base": (lambda v: P.apply_rope(x, base=v), "base"),
+        "apply_rope_complex base": (lambda v: P.apply_rope_complex(x, base=v), "base"),
+        "rope_cos_sin head_dim": (lambda v: P.rope_cos_sin(torch.arange(5), v), "head_dim"),
+        "rope_cos_sin base": (lambda v: P.rope_cos_sin(torch.arange(5), 8, v), "base"),
+        "t5_relative_bucket num_buckets": (lambda v: P.t5_relative_bucket(rel, True, v), "num_buckets"),
+        "t5_relative_bucket max_distance": (lambda v: P.t5_relative_bucket(rel, True, 32, v), "max_distance"),
+        "deberta_log_bucket bucket_size": (lambda v: P.deberta_log_bucket(rel, v, 128), "bucket_size"),
+        "deberta_log_bucket max_position": (lambda v: P.deberta_log_bucket(rel, 32, v), "max_position"),
+        "alibi_slopes": (lambda v: P.alibi_slopes(v), "n_heads"),
+        "xlnet_sinusoid d_model": (lambda v: P.xlnet_sinusoid(rel, v), "d_model"),
+        "xlnet_sinusoid base": (lambda v: P.xlnet_sinusoid(rel, 8, v), "base"),
+        "LearnedPositionalEmbedding max_len": (lambda v: P.LearnedPositionalEmbedding(v, 8), "max_len"),
+        "LearnedPositionalEmbedding d_model": (lambda v: P.LearnedPositionalEmbedding(8, v), "d_model"),
+        "set_seed": (lambda v: P.set_seed(v), "seed"),
+    }
+
+
+@FAST
+@given(data=st.data(), value=WEIRD)
+def test_lesson_functions(data, value):
+    """The building blocks the notebooks call: a result without NaN/inf, or an error naming the argument."""
+    name = data.draw(st.sampled_from(sorted(_functions())))
+    call, arg = _functions()[name]
+    out, err = works_or_names(lambda: call(value), arg)
+    if isinstance(out, torch.Tensor) and out.is_floating_point():
+        assert torch.isfinite(out).all(), f"{name}({value!r}) has non-finite values"
+
+
 # -- experiment settings -----------------------------------------------------------------------------
 def _profile_fields():
     from posenc_lib.train import Profile
