@@ -44,6 +44,8 @@ mathjax_path = f"mathjax/{MATHJAX_BUNDLE}"
 mathjax3_config = {"tex": {"inlineMath": [["\\(", "\\)"]], "displayMath": [["\\[", "\\]"]]}}
 
 html_theme = "sphinx_book_theme"
+html_static_path = ["_static"]
+html_css_files = ["posenc.css"]
 html_title = "posenc: positional encodings in Transformers"
 html_theme_options = {
     "show_navbar_depth": 1,
