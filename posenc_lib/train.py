@@ -56,6 +56,7 @@ _RANGES = {
     "dim_feedforward": (int, 1, None, True, True, False), "dropout": (float, 0.0, 1.0, True, False, False),
     "vocab_size": (int, 16, None, True, True, False), "max_tokens": (int, 1, None, True, True, False),
     "max_train_pairs": (int, 1, None, True, True, True), "batch_tokens": (int, 1, None, True, True, False),
+    "micro_batch_tokens": (int, 1, None, True, True, True),
     "lr": (float, 0.0, None, False, True, False), "warmup": (int, 1, None, True, True, False),
     "max_steps": (int, 1, None, True, True, False), "label_smoothing": (float, 0.0, 1.0, True, False, False),
     "clip_norm": (float, 0.0, None, False, True, False), "log_every": (int, 1, None, True, True, False),
@@ -124,6 +125,10 @@ class Profile:
     max_train_pairs: int | None = None  # read at most this many training pairs (None: all)
     # optimisation
     batch_tokens: int = 1500  # target tokens per update (per process under torchrun)
+    # target tokens per forward/backward pass: a batch larger than this is processed in parts whose
+    # gradients add up to the same update (less memory, same recipe); None: the whole batch on a GPU,
+    # at most CPU_MICRO_TOKENS on the CPU
+    micro_batch_tokens: int | None = None
     lr: float = 2e-3  # peak learning rate
     warmup: int = 120  # updates; scale to the run's real number of updates
     max_steps: int = 1200  # updates per model
@@ -376,6 +381,38 @@ def _remove_stale_temps(ckpt_path: Path) -> None:
         p.unlink(missing_ok=True)
 
 
+#: target tokens per forward/backward pass on the CPU when ``micro_batch_tokens`` is None (bounds memory)
+CPU_MICRO_TOKENS = 4000
+
+
+def micro_batch_tokens(prof: Profile, device: str) -> int | None:
+    """Target tokens per pass: the profile's ``micro_batch_tokens``, else the whole batch on a GPU
+    and at most :data:`CPU_MICRO_TOKENS` on the CPU (the gpu profile's 24k-token batch in one pass
+    needs ~20 GB of CPU memory)."""
+    if prof.micro_batch_tokens is not None:
+        return prof.micro_batch_tokens
+    return None if torch.device(device).type == "cuda" else CPU_MICRO_TOKENS
+
+
+def split_batch(batch: list[int], tgt_lens: list[int], max_tokens: int) -> list[list[int]]:
+    """Cut one batch into parts of at most ``max_tokens`` padded target tokens (by target length).
+
+    A batch that fits stays whole (the same list); a single pair longer than ``max_tokens`` is a part of its own.
+    """
+    if len(batch) * max(tgt_lens[i] for i in batch) <= max_tokens:
+        return [batch]
+    parts, cur, width = [], [], 0
+    for i in sorted(batch, key=lambda i: tgt_lens[i]):
+        w = max(width, tgt_lens[i])
+        if cur and (len(cur) + 1) * w > max_tokens:
+            parts.append(cur)
+            cur, w = [], tgt_lens[i]
+        cur.append(i)
+        width = w
+    parts.append(cur)
+    return parts
+
+
 def process_seed(seed: int, rank: int) -> int:
     """The seed of process ``rank``'s dropout stream: every process of a torchrun job draws its own masks."""
     return seed + rank
@@ -397,6 +434,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     ckpt_path, metrics_path = ckpt_dir / "checkpoint.pt", model_dir / "metrics.jsonl"
     rank, world = dist_info()
     prec = Precision(resolve_precision(prof.precision, device), device)
+    micro = micro_batch_tokens(prof, device)
     set_seed(seed)  # the same initial weights in every process
     model = build_model(pe, tok.vocab_size, pad_id=tok.pad_id, **prof.model_kwargs()).to(device)
     if world > 1:
@@ -458,31 +496,43 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
             continue
         b = batches[state["batch_idx"]]
         state["batch_idx"] += 1
-        s, t_in, t_out = collate([train["src"][i] for i in b], [train["tgt"][i] for i in b], tok.pad_id, tok.bos_id,
-                                 tok.eos_id)
-        s = s.to(device, non_blocking=True)
-        t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
         for g in opt.param_groups:
             g["lr"] = lr_at(state["step"] + 1, prof.lr, prof.warmup)
-        with prec.autocast():
-            logits = net(s, t_in, src_key_padding_mask=s == tok.pad_id)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1),
-                               ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
+        n_real = sum(tgt_lens[i] for i in b)  # target tokens of the update, counted on the host
+        parts = split_batch(b, tgt_lens, micro) if micro is not None else [b]
         opt.zero_grad(set_to_none=True)
-        if prec.scaler is not None:  # fp16: scale the loss, unscale before clipping, skip steps with inf/nan
-            prec.scaler.scale(loss).backward()
+        loss_sum = None
+        for k, part in enumerate(parts):  # one pass per part; the gradients add up to the whole batch's
+            s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part], tok.pad_id,
+                                     tok.bos_id, tok.eos_id)
+            s = s.to(device, non_blocking=True)
+            t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
+            last = k == len(parts) - 1
+            with net.no_sync() if world > 1 and not last else contextlib.nullcontext():  # DDP: reduce once
+                with prec.autocast():
+                    logits = net(s, t_in, src_key_padding_mask=s == tok.pad_id)
+                flat = logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1)
+                if len(parts) == 1:
+                    loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
+                else:  # the mean over the whole batch's tokens, in parts
+                    loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing,
+                                           reduction="sum") / n_real
+                # fp16: scale the loss so that small gradients survive; unscaled again before clipping
+                (prec.scaler.scale(loss) if prec.scaler is not None else loss).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            del logits, loss
+        if prec.scaler is not None:  # skips the update when a gradient is inf/nan and lowers the scale
             prec.scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
             prec.scaler.step(opt)
             prec.scaler.update()
         else:
-            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
             opt.step()
         state["step"] += 1
-        n_tok = sum(tgt_lens[i] for i in b) * world  # counted on the host from the batch's lengths
+        n_tok = n_real * world
         state["tokens"] += n_tok
-        run_loss += loss.detach()
+        run_loss += loss_sum
         run_tok += n_tok
         run_n += 1
         step = state["step"]

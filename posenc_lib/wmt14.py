@@ -52,6 +52,8 @@ DIRECTIONS = ("fr-en", "en-fr")
 TESTS = ("heldout", "newstest2014")
 #: profile fields that only change evaluation; they may differ between sittings of one run
 EVAL_FIELDS = ("eval_limit", "beam", "length_penalty", "bertscore", "bootstrap_samples")
+#: profile fields that change memory use, not the recipe: a run may resume with another value (e.g. after OOM)
+MEMORY_FIELDS = ("micro_batch_tokens",)
 
 
 def parse_pes(text: str) -> list[str]:
@@ -231,7 +233,7 @@ def _check_config(run_dir: Path, config: dict) -> None:
         old = json.loads(path.read_text())
         defaults = asdict(Profile())
         # a field added to the library since the run began counts as unchanged when it has its default
-        diff = [k for k in config["profile"] if k not in EVAL_FIELDS
+        diff = [k for k in config["profile"] if k not in EVAL_FIELDS + MEMORY_FIELDS
                 and old["profile"].get(k, defaults.get(k)) != config["profile"][k]]
         diff += [k for k in ("direction", "tokenizer_source") if old.get(k) != config.get(k)]
         if diff:

@@ -21,8 +21,10 @@ from posenc_lib.train import (
     load_checkpoint,
     process_seed,
     resolve_precision,
+    micro_batch_tokens,
     restore_rng_state,
     rng_state,
+    split_batch,
     train_model,
 )
 from posenc_lib.wmt14 import default_ckpt_dir, main, make_data, prepare_data, run, score
@@ -139,6 +141,30 @@ def test_mixed_precision_training_resumes_on_the_same_curve(tmp_path, precision)
     assert run(prof, ["rope"], [0], tmp_path / "cut", stop_after=5, **kw) is None
     again = run(prof, ["rope"], [0], tmp_path / "cut", resume=True, **kw)
     assert strip(again["models"]["rope"]["0"]["curve"]) == strip(r["curve"])
+
+
+# -- a batch in parts: same update, less memory -----------------------------------------------------
+def test_a_batch_split_into_micro_batches_makes_the_same_update(tmp_path):
+    lens = [3, 9, 4, 12, 7, 5, 8, 2, 11, 6]
+    parts = split_batch(list(range(10)), lens, 25)
+    assert sorted(i for p in parts for i in p) == list(range(10)) and len(parts) > 1
+    assert all(len(p) * max(lens[i] for i in p) <= 25 or len(p) == 1 for p in parts)
+    assert split_batch([0, 1], lens, 100) == [[0, 1]] and split_batch([3, 1], lens, 5) == [[1], [3]]
+    assert micro_batch_tokens(get_profile("gpu"), "cpu") == 4000 and micro_batch_tokens(get_profile("gpu"), "cuda") is None
+    assert micro_batch_tokens(get_profile("gpu", {"micro_batch_tokens": "6000"}), "cuda") == 6000
+    d = tiny_dir(tmp_path)
+    tok, data, _ = prepare_data(tiny_profile(), tmp_path / "r", data_dir=d, source="files", log=quiet)
+    base = dict(max_steps=4, log_every=2, val_every=2, ckpt_every=2, dropout=0.0)  # no dropout: same numbers
+    whole = train_model("rope", 0, tiny_profile(**base), data, tok, tmp_path / "a", progress=False, log=quiet)
+    split = train_model("rope", 0, tiny_profile(**base, micro_batch_tokens=60), data, tok, tmp_path / "b",
+                        progress=False, log=quiet)
+    for ra, rb in zip(whole["curve"], split["curve"]):
+        for key in ("train_loss", "val_loss"):
+            assert (ra[key] is None and rb[key] is None) or abs(ra[key] - rb[key]) < 2e-4, (ra, rb)
+    for (name, pa), pb in zip(whole["model"].named_parameters(), split["model"].parameters()):
+        if name.endswith("k_proj.bias"):  # softmax ignores a key bias: its gradient is rounding noise, which Adam
+            continue  # scales up to full-size steps either way
+        torch.testing.assert_close(pb, pa, atol=2e-5, rtol=1e-4, msg=name)
 
 
 # -- no host sync per update ------------------------------------------------------------------------
@@ -344,8 +370,10 @@ def test_gpu_profile_runs_without_datasets_or_bert_score(tmp_path):
     out = tmp_path / "gpu"
     cmd = [sys.executable, "-m", "posenc_lib.wmt14", "--profile", "gpu", "--pe", "none,rope", "--set", "max_steps=2",
            "--set", "max_train_pairs=2000", "--set", "eval_limit=8", "--set", "bertscore=false", "--out", str(out),
-           # smaller than the GPU's batches and validation set, so that two updates take seconds on a CPU
-           "--data-dir", str(d), "--set", "batch_tokens=300", "--set", "val_pairs=4", "--threads", "1", "--no-progress"]
+           # smaller batches, validation set, test sets and bootstrap than the GPU's, so that this takes
+           # seconds on a CPU (the command above, as the README gives it, takes minutes there)
+           "--data-dir", str(d), "--set", "batch_tokens=300", "--set", "val_pairs=4", "--set", "eval_limit=3",
+           "--set", "bootstrap_samples=20", "--threads", "1", "--no-progress"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((out / "results.json").read_text())
@@ -355,6 +383,14 @@ def test_gpu_profile_runs_without_datasets_or_bert_score(tmp_path):
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     assert size < 5 * 2**20 and not list(out.rglob("*.pt"))  # 52M-parameter checkpoints live elsewhere
     assert (default_ckpt_dir(out) / "rope-seed0" / "checkpoint.pt").is_file()
+    # scoring needs bert-score: without it, a one-line error says what to install; the rest works anyway
+    score_cmd = [sys.executable, "-m", "posenc_lib.wmt14", "score", str(out)]
+    proc = subprocess.run(score_cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "bert-score" in proc.stderr, proc.stderr
+    proc = subprocess.run(score_cmd + ["--no-bertscore"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "scored 2 model(s)" in proc.stdout
 
 
 # -- make-data ------------------------------------------------------------------------------------
