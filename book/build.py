@@ -12,7 +12,6 @@ pages render offline).
 """
 from __future__ import annotations
 
-import argparse
 import ast
 import html
 import json
@@ -272,10 +271,14 @@ def build(out: Path = DEFAULT_OUT, quiet: bool = True) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from posenc_lib.utils import CliParser  # a bad flag is one line, exit status 2
+
+    ap = CliParser(prog="python -m book.build", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: build/book)")
     ap.add_argument("--verbose", action="store_true", help="show Sphinx's progress")
     args = ap.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out {args.out} is a file; give a folder")
     build(args.out, quiet=not args.verbose)
 
 

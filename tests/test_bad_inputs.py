@@ -521,6 +521,18 @@ def test_longctx_bad_flags(argv, names, bad_paths, monkeypatch):
                           [*argv, *out], *names)  # fmt: skip
 
 
+def test_book_build_bad_flags(bad_paths, monkeypatch):
+    import book.build
+
+    def slipped_through(*args, **kwargs):
+        raise AssertionError("accepted: the website build would start")
+
+    monkeypatch.setattr(book.build, "build", slipped_through)
+    assert_one_line_error(book.build.main, ["--bogus-flag"], "--bogus-flag")
+    assert_one_line_error(book.build.main, ["--out", bad_paths["file"]], "--out")
+    assert_one_line_error(book.build.main, ["--out=--"], "--out")
+
+
 FLAG_TEXT = st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max_size=6)
 
 
