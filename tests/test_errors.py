@@ -203,3 +203,82 @@ def test_experiment_settings_name_field_and_range():
     ]:
         with pytest.raises(ValueError, match=match):
             BenchConfig(**kw)
+
+
+def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch):
+    """Each message the README's Troubleshooting table quotes ("…" = any text) is what the code says."""
+    import json
+    import re
+    from dataclasses import asdict
+    from pathlib import Path
+
+    import posenc_lib.data as data
+    from posenc_lib import extrapolation, train, wmt14
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+
+    def message(call):
+        try:
+            call()
+        except Exception as err:  # noqa: BLE001 (each trigger must fail; the message is what counts)
+            return str(err)
+        raise AssertionError("no error")
+
+    d = tmp_path / "d"
+    d.mkdir()
+
+    def files(**texts):
+        for name, text in texts.items():
+            (d / name.replace("_", ".")).write_bytes(text if isinstance(text, bytes) else text.encode())
+
+    def truncated_xz():
+        packed = lzma.compress(b"phrase\n" * 5000)
+        files(train_fr_xz=packed[: len(packed) // 2], train_en="one\n")
+        return read_lines(d / "train.fr.xz")
+
+    def hub_down():
+        monkeypatch.setattr(data, "_load_hub", lambda n: (_ for _ in ()).throw(OSError("offline")))
+        return load_wmt14(source="hub")
+
+    def other_settings():
+        prof = train.get_profile("smoke")
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.json").write_text(json.dumps({"profile": {**asdict(prof), "d_model": 8}}))
+        return wmt14._check_config(tmp_path / "run", {"profile": asdict(prof)})
+
+    def other_configuration():
+        (tmp_path / "ex").mkdir()
+        (tmp_path / "ex" / "none_seed0.json").write_text(json.dumps({"config": {}, "profile": "smoke"}))
+        return extrapolation.pending(extrapolation.SMOKE, ["none"], [0], tmp_path / "ex")
+
+    def damaged_checkpoint():
+        (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+        return train.load_checkpoint(tmp_path / "checkpoint.pt")
+
+    small = dict(d_model=16, n_heads=2, num_layers=1)
+    ones = torch.ones(1, 3, dtype=torch.long)
+    triggers = [
+        [lambda: build_model("rotery", 10)],
+        [lambda: build_model("none", 10, n_heads=5)],
+        [lambda: build_model("learned", 20, **small, max_len=8)(torch.ones(1, 9, dtype=torch.long), ones)],
+        [lambda: build_model("none", 20, **small)(torch.tensor([[1, 25]]), ones)],
+        [lambda: build_model("none", 20, **small)(torch.zeros(1, 3), ones)],
+        [lambda: train.get_profile("cpu", {"max_steps": "-3"})],
+        [truncated_xz],
+        [lambda: files(train_en="one\ntwo\ntrès\n".encode("latin-1")) or read_lines(d / "train.en")],
+        [lambda: files(train_en="one\n\nthree\n") or read_lines(d / "train.en")],
+        [lambda: files(train_fr="un\ndeux\ntrois\n", train_en="one\ntwo\n") or read_parallel(d, "train")],
+        [lambda: read_parallel(d, "newstest2013")],
+        [hub_down],
+        [damaged_checkpoint],
+        [other_settings, other_configuration],
+    ]
+    assert len(rows) == len(triggers), "a Troubleshooting row needs a trigger here (or one was removed)"
+    for row, calls in zip(rows, triggers):
+        quoted = re.findall(r"`([^`]+)`", row.split(" | ")[0])
+        got = [message(c) for c in calls]
+        for q in quoted:
+            pattern = ".*".join(map(re.escape, q.split("…")))
+            assert any(re.search(pattern, m) for m in got), f"README quotes {q!r}; the code says {got}"
