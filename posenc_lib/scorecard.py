@@ -13,7 +13,8 @@ Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verd
 ``ENTRIES`` below (or call :func:`register` with it), giving a check function wherever the claim can be
 measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
-Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-06.
+Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-10
+(the full table closes notebooks/10_alibi.ipynb).
 """
 from __future__ import annotations
 
@@ -311,6 +312,138 @@ ENTRIES: list[Entry] = [
         "consistent across lengths": Verdict("✓", "the angle depends on t only"),
         "beyond training length": Verdict("~", _LESSON_11 + "; unseen angles degrade it"),
         "relative distance readable": Verdict("✓", "scores depend on m - n only", _rope_scores_relative),
+    }),
+]
+
+
+# -- lessons 07-10 ----------------------------------------------------------------------------
+
+def _t5_far_distances_share_a_bucket() -> bool:
+    from .t5 import t5_relative_bucket
+
+    b = t5_relative_bucket(torch.tensor([-3, -200, -5000, 3]), bidirectional=True)
+    return bool(b[1] == b[2] and b[0] != b[3])          # 200 and 5000 alike; left and right told apart
+
+
+def _t5_bias_is_translation_invariant() -> bool:
+    from .t5 import T5Bias
+
+    bias = T5Bias(16, 2, 1)
+    pos = torch.arange(30)
+    return torch.equal(bias.compute_bias(pos, pos), bias.compute_bias(pos + 500, pos + 500))
+
+
+def _t5_long_inputs_reach_new_buckets() -> bool:
+    from .t5 import t5_relative_bucket
+
+    def used(n):
+        p = torch.arange(n)
+        return set(t5_relative_bucket(p[None, :] - p[:, None], True).unique().tolist())
+    return len(used(512) - used(24)) > 0 and used(4096) == used(512)
+
+
+def _xlnet_distance_codes_distinct_and_bounded() -> bool:
+    from .xlnet import xlnet_sinusoid
+
+    r = xlnet_sinusoid(torch.arange(-500, 501).double(), 64)
+    norms = r.norm(dim=-1)
+    return is_unique(r) and bool((norms - norms[0]).abs().max() < 1e-9)
+
+
+def _xlnet_scores_translation_invariant() -> bool:
+    from .attention import MultiHeadAttention
+    from .schemes import make_scheme
+
+    scheme, attn = make_scheme("xlnet", 16, 2, 1), MultiHeadAttention(16, 2)
+    x = torch.randn(1, 6, 16)
+    w = [attn(x, pos=scheme, ctx=scheme.prepare(torch.arange(s, s + 6), torch.arange(s, s + 6)), need_weights=True)[1]
+         for s in (0, 300)]
+    return torch.allclose(w[0], w[1], atol=1e-6)
+
+
+def _deberta_far_distances_share_rows() -> bool:
+    from .deberta import deberta_index
+
+    idx = deberta_index(torch.tensor([0]), torch.tensor([0, 1, 2, 300, 3000]), 8, 8, 40)[0]
+    return len(set(idx[:3].tolist())) == 3 and bool(idx[3] == idx[4])
+
+
+def _deberta_index_translation_invariant() -> bool:
+    from .deberta import deberta_index
+
+    pos = torch.arange(60)
+    return torch.equal(deberta_index(pos, pos, 8, 8, 40), deberta_index(pos + 999, pos + 999, 8, 8, 40))
+
+
+def _alibi_symmetric_in_encoder() -> bool:
+    from .alibi import alibi_bias, alibi_slopes
+
+    b = alibi_bias(torch.arange(9), torch.arange(9), alibi_slopes(4))
+    return torch.equal(b, b.transpose(-1, -2))                # left and right neighbours get one bias
+
+
+def _alibi_penalty_grows_linearly() -> bool:
+    from .alibi import alibi_bias, alibi_slopes
+
+    m = alibi_slopes(4)
+    b = alibi_bias(torch.tensor([0]), torch.tensor([1000]), m)[0, :, 0, 0]
+    return torch.allclose(b, -1000 * m)
+
+
+def _alibi_long_bias_extends_short() -> bool:
+    from .alibi import alibi_bias, alibi_slopes
+
+    m, short, long = alibi_slopes(8), torch.arange(16), torch.arange(64)
+    return torch.equal(alibi_bias(long, long, m)[..., :16, :16], alibi_bias(short, short, m))
+
+
+def _alibi_far_keys_get_negligible_prior() -> bool:
+    from .alibi import alibi_bias, alibi_slopes
+
+    prior = torch.softmax(alibi_bias(torch.tensor([8191]), torch.arange(8192), alibi_slopes(8))[0, :, 0], -1)
+    return bool(prior[:, : 8192 - 2048].sum(-1).max() < 1e-3)  # keys > 2048 back: < 0.1% of any head's prior
+
+
+ENTRIES += [
+    Entry("T5 bias", 7, {
+        "unique": Verdict("~", "distances up to 7 exact, then log buckets; all beyond ~91 share one",
+                          _t5_far_distances_share_a_bucket),
+        "deterministic": Verdict("✓", "a learned table, fixed after training"),
+        "bounded": Verdict("✓", "num_buckets x heads scalars, whatever the length"),
+        "consistent across lengths": Verdict("✓", "depends on j - i only", _t5_bias_is_translation_invariant),
+        "beyond training length": Verdict("~", "runs at any length, but longer inputs reach buckets never trained",
+                                          _t5_long_inputs_reach_new_buckets),
+        "relative distance readable": Verdict("✓", "the bucket of j - i (coarse when far)", _t5_bias_is_translation_invariant),
+    }),
+    Entry("Transformer-XL / XLNet", 8, {
+        "unique": Verdict("✓", "a sinusoid per distance, distinct within its longest wavelength",
+                          _xlnet_distance_codes_distinct_and_bounded),
+        "deterministic": Verdict("✓", "a fixed sinusoid, learned W_R, u, v"),
+        "bounded": Verdict("✓", "every R_(i-j) has the same norm", _xlnet_distance_codes_distinct_and_bounded),
+        "consistent across lengths": Verdict("✓", "depends on i - j only", _xlnet_scores_translation_invariant),
+        "beyond training length": Verdict("~", _LESSON_11 + "; memories longer than in training are used",
+                                          _xlnet_distance_codes_distinct_and_bounded),
+        "relative distance readable": Verdict("✓", "(q_i + v).r_(i-j) reads the distance", _xlnet_scores_translation_invariant),
+    }),
+    Entry("DeBERTa", 9, {
+        "unique": Verdict("~", "exact near 0, log buckets further; far distances share the edge rows",
+                          _deberta_far_distances_share_rows),
+        "deterministic": Verdict("✓", "a learned table, fixed after training"),
+        "bounded": Verdict("✓", "2k rows per stack, whatever the length"),
+        "consistent across lengths": Verdict("✓", "depends on i - j only", _deberta_index_translation_invariant),
+        "beyond training length": Verdict("~", "only trained rows are reused, but edge rows never trained stay random",
+                                          _deberta_far_distances_share_rows),
+        "relative distance readable": Verdict("✓", "c2p and p2c read the bucketed distance", _deberta_index_translation_invariant),
+    }),
+    Entry("ALiBi", 10, {
+        "unique": Verdict("~", "distances yes; the symmetric encoder form cannot tell left from right",
+                          _alibi_symmetric_in_encoder),
+        "deterministic": Verdict("✓", "a fixed slope per head, no parameters"),
+        "bounded": Verdict("~", "the penalty grows linearly with distance, by design", _alibi_penalty_grows_linearly),
+        "consistent across lengths": Verdict("✓", "the long bias extends the short one", _alibi_long_bias_extends_short),
+        "beyond training length": Verdict("~", "perplexity stays flat, but far keys get almost no weight: "
+                                               "a soft sliding window", _alibi_far_keys_get_negligible_prior),
+        "relative distance readable": Verdict("✓", "-m_h |i - j| is the distance", _alibi_long_bias_extends_short),
     }),
 ]
 

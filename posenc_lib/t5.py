@@ -61,6 +61,16 @@ def t5_relative_bucket(
     return bucket + torch.where(is_small, n, large)
 
 
+def t5_distance_index(relative_position: torch.Tensor, max_distance: int) -> torch.Tensor:
+    """The un-bucketed variant: index ``min(|j - i|, max_distance - 1)`` into a table of ``max_distance`` rows.
+
+    One learned scalar per exact distance (as in lucidrains' ViT code quoted by the survey), no sign and no
+    logarithmic sharing: ``max_distance`` rows instead of ``num_buckets``, and left and right look alike.
+    """
+    max_distance = check_positive_int("max_distance", max_distance)
+    return relative_position.long().abs().clamp(max=max_distance - 1)
+
+
 class T5Bias(PositionScheme):
     """One learned scalar per (bucket, head), shared by the layers of a stack."""
 
