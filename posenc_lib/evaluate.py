@@ -76,10 +76,25 @@ def shuffle_words(lines: list[str], seed: int = 0) -> list[str]:
     return out
 
 
+def _check_corpus(name: str, lines, n: int | None = None) -> int:
+    """``lines`` must be a non-empty list of strings (of length ``n`` if given); returns its length."""
+    if isinstance(lines, str) or not isinstance(lines, (list, tuple)):
+        raise TypeError(f"{name} must be a list of sentences (strings), got {type(lines).__name__}")
+    if not lines:
+        raise ValueError(f"{name} is empty: no sentences to score")
+    bad = next((i for i, x in enumerate(lines) if not isinstance(x, str)), None)
+    if bad is not None:
+        raise TypeError(f"{name}[{bad}] must be a string, got {type(lines[bad]).__name__}")
+    if n is not None and len(lines) != n:
+        raise ValueError(f"{name} has {len(lines)} sentences but the references have {n}: one per reference")
+    return len(lines)
+
+
 def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
     """Corpus BLEU and chrF with sacreBLEU signatures."""
     from sacrebleu.metrics import BLEU, CHRF
 
+    _check_corpus("hyps", hyps, _check_corpus("refs", refs))
     bleu, chrf = BLEU(), CHRF()
     b, c = bleu.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
     return {
@@ -93,6 +108,11 @@ def paired_bootstrap(systems: dict[str, list[str]], refs: list[str], n_samples: 
     from sacrebleu.metrics import BLEU, CHRF
     from sacrebleu.significance import PairedTest
 
+    n = _check_corpus("refs", refs)
+    if not isinstance(systems, dict):
+        raise TypeError(f"systems must be a dict {{name: hypotheses}}, got {type(systems).__name__}")
+    for name, hyps in systems.items():
+        _check_corpus(f"systems[{name!r}]", hyps, n)
     names, out = list(systems), []
     for a in range(len(names)):
         for b in range(a + 1, len(names)):

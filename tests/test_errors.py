@@ -282,3 +282,19 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         for q in quoted:
             pattern = ".*".join(map(re.escape, q.split("…")))
             assert any(re.search(pattern, m) for m in got), f"README quotes {q!r}; the code says {got}"
+
+
+def test_scoring_needs_one_hypothesis_per_reference():
+    from posenc_lib.evaluate import bleu_chrf, paired_bootstrap
+
+    with pytest.raises(ValueError, match=r"hyps has 1 sentences but the references have 2"):
+        bleu_chrf(["a b"], ["a b", "c d"])
+    with pytest.raises(ValueError, match=r"refs is empty"):
+        bleu_chrf([], [])
+    with pytest.raises(TypeError, match=r"refs must be a list of sentences \(strings\), got str"):
+        bleu_chrf("a b", "a b")  # a string would be scored character by character
+    with pytest.raises(TypeError, match=r"hyps\[1\] must be a string, got NoneType"):
+        bleu_chrf(["a", None], ["a", "b"])
+    with pytest.raises(ValueError, match=r"systems\['rope'\] has 2 sentences but the references have 1"):
+        paired_bootstrap({"none": ["x"], "rope": ["x", "y"]}, ["x"], n_samples=10)
+    assert bleu_chrf(["the cat sat on the mat"], ["the cat sat on the mat"])["bleu"] == 100.0
