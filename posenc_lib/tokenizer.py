@@ -78,7 +78,15 @@ def train_bpe(lines: list[str], vocab_size: int = 8000, path: str | os.PathLike 
 
 
 def load_bpe(path: str | os.PathLike) -> SubwordTokenizer:
-    return SubwordTokenizer(Tokenizer.from_file(str(path)), "bpe", "<pad>", "<unk>", "<s>", "</s>")
+    """A BPE tokenizer saved by :func:`train_bpe`; a damaged file is a ``ValueError`` naming it."""
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # noqa: BLE001 (tokenizers raises a bare Exception for a bad file)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"tokenizer file {path} not found") from None
+        raise ValueError(f"tokenizer file {path} is unreadable ({' '.join(str(err).split())[:120]}); delete it: "
+                         "it is trained again from the training data") from None
+    return SubwordTokenizer(tok, "bpe", "<pad>", "<unk>", "<s>", "</s>")
 
 
 def load_mbert(vocab: str | os.PathLike | None = None) -> SubwordTokenizer:

@@ -99,7 +99,11 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
                         vocab=vocab)
     cache = work_dir / f"data-{direction}.pt"
     if cache.is_file():
-        data = torch.load(cache, weights_only=False)
+        try:
+            data = torch.load(cache, weights_only=False)
+        except Exception as err:  # noqa: BLE001 (cut off, overwritten, not a torch file)
+            raise ValueError(f"data cache {cache} is unreadable ({type(err).__name__}); delete it: it is "
+                             "rebuilt from the data files") from None
     else:
         src, tgt = tok.encode(splits["train"][pick[src_lang]]), tok.encode(splits["train"][pick[tgt_lang]])
         keep = [i for i in range(len(src)) if 0 < len(src[i]) <= prof.max_tokens and 0 < len(tgt[i]) <= prof.max_tokens]

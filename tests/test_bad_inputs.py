@@ -609,3 +609,25 @@ def test_flag_values_drawn_never_trace_back(cli, data, text, tmp_path_factory, m
     code, lines = run_cli(get_main(), ["--profile=smoke", f"{flag}={text}", *out, *safety])
     assert code == 2 and len(lines) == 1, (flag, text, lines)
     assert "Traceback" not in lines[0]
+
+
+def test_wmt14_damaged_caches_are_named(tmp_path):
+    """A cut-off data cache or tokenizer file in a run folder: one line naming it and what to do."""
+    from posenc_lib.wmt14 import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, n in (("train", 60), ("newstest2013", 10), ("newstest2014", 10)):
+        (data / f"{split}.fr").write_text("".join(f"la phrase {split} {i}\n" for i in range(n)))
+        (data / f"{split}.en").write_text("".join(f"the sentence {split} {i}\n" for i in range(n)))
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    argv = ["--profile", "smoke", "--pe", "none", "--data-dir", str(data), "--out", str(out), "--ckpt-dir", str(ckpt),
+            "--no-progress", "--stop-after", "1"]  # fmt: skip
+    ckpt.mkdir()
+    (ckpt / "data-fr-en.pt").write_bytes(b"cut off")
+    code, lines = run_cli(main, argv)
+    assert code == 2 and len(lines) == 1 and "data-fr-en.pt is unreadable" in lines[0] and "delete it" in lines[0], lines
+    (ckpt / "data-fr-en.pt").unlink()
+    (out / "tokenizer.json").write_text('{"version": "1.0", "trunc')
+    code, lines = run_cli(main, argv)
+    assert code == 2 and len(lines) == 1 and "tokenizer.json is unreadable" in lines[0] and "delete it" in lines[0], lines
