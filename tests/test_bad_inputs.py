@@ -336,12 +336,14 @@ def test_benchmark_config_fields(data, value):
 # -- command lines -----------------------------------------------------------------------------------
 def run_cli(main, argv):
     """``main(argv)`` in-process; returns (exit status, stderr lines). A traceback fails the test."""
-    err = io.StringIO()
+    err, threads = io.StringIO(), torch.get_num_threads()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
             code = main(argv)
         except SystemExit as stop:
             code = stop.code
+        finally:
+            torch.set_num_threads(threads)  # an accepted --threads must not leak into the other tests
     return code, [line for line in err.getvalue().splitlines() if line.strip()]
 
 
