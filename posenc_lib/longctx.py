@@ -40,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, on_host
 from .data import SHIPPED_DIR, find_file, read_lines
 from .schemes import make_scheme
-from .utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, set_seed
+from .utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, check_token_tensor, set_seed
 
 SCHEMA = "posenc.longctx/1"
 UNK = 0  # id of characters outside the vocabulary
@@ -212,6 +212,8 @@ class CausalLM(nn.Module):
     def __init__(self, vocab_size: int, pe: str, *, d_model: int, n_heads: int, num_layers: int,
                  dim_feedforward: int, **options):  # fmt: skip
         super().__init__()
+        for name, v in (("vocab_size", vocab_size), ("num_layers", num_layers), ("dim_feedforward", dim_feedforward)):
+            check_positive_int(name, v)
         self.dims = (d_model, n_heads, num_layers)
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)  # tied output: logits start near 0
@@ -224,6 +226,11 @@ class CausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False):
         """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
+        check_token_tensor("tokens", tokens)
+        vocab = self.embed.num_embeddings
+        if on_host(tokens) and tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
+            bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
+            raise ValueError(f"tokens holds id {bad} outside the vocabulary: vocab_size={vocab}, valid ids 0..{vocab - 1}")
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.embed(tokens) * math.sqrt(self.dims[0])
         code = self.pos.embed(positions)

@@ -181,6 +181,25 @@ def test_forward_inputs(data, pe, b):
         _sane(out, tgt.shape[0], n_tgt)
 
 
+_LMS: dict[str, torch.nn.Module] = {}
+
+
+@FAST
+@given(pe=st.sampled_from(PE_TYPES), tokens=token_tensors(2))
+def test_causal_lm_inputs(pe, tokens):
+    """The long-context lesson's decoder-only model: the same contract for its one input."""
+    from posenc_lib.longctx import CausalLM
+
+    if pe not in _LMS:
+        torch.manual_seed(0)
+        extra = {"max_len": 8} if pe == "learned" else {}
+        _LMS[pe] = CausalLM(VOCAB, pe, d_model=8, n_heads=2, num_layers=1, dim_feedforward=8, **extra).eval()
+    with torch.no_grad():
+        out, err = works_or_names(lambda: _LMS[pe](tokens), "tokens", "max_len")
+    if out is not None:
+        _sane(out, tokens.shape[0], tokens.shape[1])
+
+
 @pytest.mark.parametrize("pe", PE_TYPES)
 def test_named_edge_cases(pe):
     """The cases the draws above should meet, made certain for every scheme."""
