@@ -617,6 +617,7 @@ def test_flag_values_drawn_never_trace_back(cli, data, text, tmp_path_factory, m
     get_main, flags = DRAWN_FLAGS[cli]
     flag = data.draw(st.sampled_from(flags))
     folder = tmp_path_factory.mktemp("cli")
+    monkeypatch.chdir(folder)  # a drawn relative --out must not land in the checkout
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if cli == "longctx":
         from posenc_lib import longctx
