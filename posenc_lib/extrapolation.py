@@ -9,8 +9,8 @@ sequences of at most ``L`` tokens still work at ``2L``, ``4L``?
 
 The task (``reverse``, default; ``copy`` is the easier variant)::
 
-    source  a7 a2 a2 a9 a0            (n random symbols, n in [train_min_len, train_max_len])
-    target  a0 a9 a2 a2 a7 <eos>      (the same symbols, reversed, then end-of-sequence)
+    source  a7 a2 a2 a9 a0 </s>       (n random symbols, n in [train_min_len, train_max_len], then the anchor)
+    target  a0 a9 a2 a2 a7 </s>       (the same symbols, reversed, then end-of-sequence)
 
 Why it isolates position: the output is a permutation of the input, and the
 permutation depends on nothing but positions (target token ``t`` is source
@@ -18,6 +18,29 @@ token ``n - 1 - t``).  Symbols are uniform and independent, so there is no
 language prior to lean on; the vocabulary and the mapping are trivial.  What
 has to generalise to unseen lengths is exactly the model's sense of "where":
 which source position to read at output step ``t``, and when to stop.
+
+The source ends in ``</s>`` (``anchored=True``, the default, as in the WMT14
+pipeline): a relative scheme in a bidirectional encoder has no other way to
+tell where the sequence ends.  ``anchored=False`` drops it, for comparison.
+
+Two architectures (``arch``): ``encdec``, the course's encoder-decoder, and
+``decoder``, a decoder-only causal LM reading ``source <bos> target`` with the
+loss on the target only (the setting of Kazemnejad et al.).  Table sizes of the
+learned relative schemes are scaled to the training sequence length ``S``
+(``table_sizes="scaled"``): Shaw's clip ``k = S // 2``, T5 about ``S`` buckets
+(a quarter of them exact per side in the encoder) up to distance ``S``, DeBERTa
+``2 * (S // 4)`` buckets up to distance ``S - 1`` (the longest distance in
+training), so that every entry is reached in training; ``"library"`` keeps the library defaults.  With ``S = 17`` (16
+symbols and the anchor): ``k = 8``, 16 T5 buckets, 8 DeBERTa buckets.
+
+Training runs until the model has mastered the training lengths (teacher-forced
+exact match >= ``mastery`` on a fixed set of training-length sequences, checked
+every ``check_every`` updates; teacher-forced exact match equals greedy exact
+match) or until ``steps``, a cap that is reported.  Score-bias tables (T5)
+learn ``bias_lr_scale`` times faster than the rest.  Runs whose name ends in
+``-rand`` train with randomized positions (Ruoss et al. 2023,
+arXiv:2305.16843): each batch reads its positions from a sorted random sample
+of ``[0, random_positions_max)``, at training and at test time.
 
 Metrics per test length: *exact match* (the whole output, end token included,
 is right) and *per-token accuracy* (fraction of the ``n`` target positions
@@ -32,7 +55,8 @@ model finishes; a rerun skips finished files, so a long run can resume.
 Command line::
 
     python -m posenc_lib.extrapolation --profile smoke
-    python -m posenc_lib.extrapolation --profile course --pe all --seeds 0,1,2 --out results/extrapolation --jobs 2
+    python -m posenc_lib.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
+    python -m posenc_lib.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
 """
 from __future__ import annotations
 
@@ -41,13 +65,15 @@ import math
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
+from .attention import PositionScheme
 from .decoding import greedy_decode
+from .longctx import CausalLM
 from .model import Seq2SeqTransformer, build_model
 from .schemes import PE_TYPES, canonical_pe
 from .utils import (
@@ -59,8 +85,17 @@ PAD, BOS, EOS = 0, 1, 2
 #: extra runs beside PE_TYPES: name -> (scheme, options).  A symmetric ALiBi encoder cannot tell a
 #: sequence from its reversal (see posenc_lib/alibi.py), which decides the reversal task by itself;
 #: the split variant shows what ALiBi does once it knows left from right.
-VARIANTS: dict[str, tuple[str, dict]] = {"alibi-split": ("alibi", {"bidirectional": "split"})}
+#: ``-rand`` runs train with randomized positions (Ruoss et al. 2023), the remedy tried for the
+#: absolute and rotary schemes.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "alibi-split": ("alibi", {"bidirectional": "split"}),
+    "sinusoidal-rand": ("sinusoidal", {"randomized": True}),
+    "learned-rand": ("learned", {"randomized": True}),
+    "rope-rand": ("rope", {"randomized": True}),
+}
 RUN_ORDER: tuple[str, ...] = PE_TYPES + tuple(VARIANTS)
+ARCHS = ("encdec", "decoder")
+TABLE_SIZES = ("scaled", "library")
 
 
 def run_name(pe: str) -> str:
@@ -71,7 +106,7 @@ def run_name(pe: str) -> str:
 #: id of the first symbol; symbols are ``FIRST_SYMBOL .. FIRST_SYMBOL + n_symbols - 1``
 FIRST_SYMBOL = 3
 TASKS = ("reverse", "copy")
-SCHEMA = "posenc.extrapolation/1"
+SCHEMA = "posenc.extrapolation/1"  # new fields (arch, mastery, ...) are additions: old files still load
 
 
 @dataclass(frozen=True)
@@ -81,6 +116,8 @@ class ExtrapolationConfig:
     name: str = "course"
     # -- the task -----------------------------------------------------------------------------
     task: str = "reverse"  # "reverse" or "copy"
+    anchored: bool = True  # append </s> to every source (as the WMT14 pipeline does); False: no end marker
+    arch: str = "encdec"  # "encdec": encoder-decoder; "decoder": decoder-only LM over `source <bos> target`
     n_symbols: int = 16  # alphabet size (plus PAD, BOS, EOS)
     train_min_len: int = 2  # training lengths are drawn uniformly from [train_min_len, train_max_len]
     train_max_len: int = 16
@@ -91,12 +128,17 @@ class ExtrapolationConfig:
     num_layers: int = 2  # encoder layers; the decoder has as many
     dim_feedforward: int = 256
     dropout: float = 0.0  # fresh data every step: nothing to regularise against
+    table_sizes: str = "scaled"  # "scaled": relative tables sized to the training length (see module doc)
+    random_positions_max: int = 256  # -rand runs: positions sampled from [0, this); > longest test sequence
     # -- training: the same budget (updates x batch) for every scheme -------------------------
-    steps: int = 1200
+    steps: int = 1200  # with mastery > 0: the cap; otherwise the number of updates
     batch_size: int = 32  # sequences per update (many small updates learn faster on a CPU)
-    lr: float = 2e-3  # Adam peak learning rate; linear warm-up, then cosine decay to 10%
+    lr: float = 2e-3  # Adam peak learning rate; linear warm-up, then constant (mastery > 0) or cosine to 10%
     warmup: int = 100
     grad_clip: float = 1.0
+    bias_lr_scale: float = 1.0  # learning-rate factor for score-bias tables (T5's): one scalar per bucket
+    mastery: float = 0.0  # stop once teacher-forced exact match at training lengths >= this (0: fixed steps)
+    check_every: int = 100  # updates between mastery checks
     # -- evaluation ---------------------------------------------------------------------------
     eval_examples: int = 200  # test sequences per length (fixed, the same for every model)
     eval_batch_size: int = 200
@@ -108,8 +150,13 @@ class ExtrapolationConfig:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name must be a non-empty string, got {self.name!r}")
         check_choice("task", self.task, TASKS)
+        check_choice("arch", self.arch, ARCHS)
+        check_choice("table_sizes", self.table_sizes, TABLE_SIZES)
+        if not isinstance(self.anchored, bool):
+            raise TypeError(f"anchored must be True or False, got {self.anchored!r}")
         for f in ("n_symbols", "train_min_len", "train_max_len", "d_model", "n_heads", "num_layers",
-                  "dim_feedforward", "steps", "batch_size", "eval_examples", "eval_batch_size", "threads"):  # fmt: skip
+                  "dim_feedforward", "steps", "batch_size", "eval_examples", "eval_batch_size", "threads",
+                  "check_every", "random_positions_max"):  # fmt: skip
             check_positive_int(f, getattr(self, f))
         if self.train_min_len > self.train_max_len:
             raise ValueError(
@@ -135,16 +182,42 @@ class ExtrapolationConfig:
         check_float_range("lr", self.lr, 0.0, low_open=True)
         check_int_range("warmup", self.warmup, 0)
         check_float_range("grad_clip", self.grad_clip, 0.0, low_open=True)
+        check_float_range("bias_lr_scale", self.bias_lr_scale, 0.0, 1000.0, low_open=True)
+        check_float_range("mastery", self.mastery, 0.0, 1.0)
+        if self.random_positions_max < self.max_sequence_length(max(lengths)):
+            raise ValueError(
+                f"random_positions_max={self.random_positions_max} must be at least the longest test sequence "
+                f"({self.max_sequence_length(max(lengths))} tokens for the largest of test_lengths, {max(lengths)})"
+            )
         check_int_range("eval_seed", self.eval_seed, 0, 2**53)
 
     @property
     def vocab_size(self) -> int:
         return FIRST_SYMBOL + self.n_symbols
 
+    def source_length(self, n: int) -> int:
+        """Tokens in the source of ``n`` symbols (the anchor included)."""
+        return n + int(self.anchored)
+
+    def max_sequence_length(self, n: int) -> int:
+        """Longest position-coded sequence for ``n`` symbols: one stack's input (encdec) or the whole LM input."""
+        if self.arch == "decoder":
+            return self.source_length(n) + n + 1  # source, <bos>, target (the final </s> is only predicted)
+        return max(self.source_length(n), n + 1)  # encoder: source; decoder: <bos> + target
+
     @property
     def learned_max_len(self) -> int:
-        """Rows of the learned table: the decoder sees BOS + ``train_max_len`` tokens."""
-        return self.train_max_len + 1
+        """Rows of the learned table: the longest sequence one stack reads at the training lengths."""
+        return self.max_sequence_length(self.train_max_len)
+
+    def table_options(self, pe: str) -> dict:
+        """Table sizes of the learned relative schemes (``table_sizes="scaled"``; see the module doc)."""
+        if self.table_sizes == "library":
+            return {}
+        s = self.max_sequence_length(self.train_max_len)
+        return {"shaw": {"max_relative_position": s // 2},
+                "t5": {"num_buckets": max(4, 2 * (s // 2)), "max_distance": s},
+                "deberta": {"position_buckets": max(4, 2 * (s // 4)), "max_relative_positions": s - 1}}.get(pe, {})  # fmt: skip
 
 
 #: ``smoke``: a few seconds of CPU per model, for CI and for the notebook when no results are committed.
@@ -152,13 +225,16 @@ class ExtrapolationConfig:
 SMOKE = ExtrapolationConfig(
     name="smoke", train_max_len=6, test_lengths=(3, 6, 9, 12, 18, 24), d_model=32, n_heads=4, num_layers=1,
     dim_feedforward=64, steps=300, batch_size=32, lr=5e-3, warmup=20, eval_examples=50, eval_batch_size=50,
+    random_positions_max=64,
 )  # fmt: skip
-#: ``course``: all 9 schemes x 3 seeds on 2 CPU cores (``--jobs 2``); the lesson's numbers come from it.
-#: Sized by measurement: a rope model at these settings reached loss 0.05 after 1000 updates
-#: (exact match 0.96 at length 8, 0.70 at 16), at about 55 ms of CPU time per update on one
-#: thread; 1200 updates + evaluation ~ 70 s per model, 27 models / 2 jobs ~ 16 minutes.
-COURSE = ExtrapolationConfig(name="course")
-PROFILES: dict[str, ExtrapolationConfig] = {"smoke": SMOKE, "course": COURSE}
+#: ``course``: train every run to mastery of lengths 2..16 (exact match >= 0.99 at the training
+#: lengths) or 2000 updates, T5's bias table at 10x the learning rate, tables scaled to the training
+#: length, the source anchored by </s>.  Lesson 11 reads its results.
+COURSE = ExtrapolationConfig(name="course", steps=2000, mastery=0.99, bias_lr_scale=10.0)
+#: ``pilot``: the first version of the experiment (no anchor, library table sizes, 1200 updates with
+#: cosine decay for every run, one learning rate); its results are in results/extrapolation/.
+PILOT = ExtrapolationConfig(name="pilot", anchored=False, table_sizes="library", random_positions_max=256)
+PROFILES: dict[str, ExtrapolationConfig] = {"smoke": SMOKE, "course": COURSE, "pilot": PILOT}
 
 
 # -- the task -------------------------------------------------------------------------------------
@@ -171,15 +247,16 @@ def target_of(task: str, symbols: torch.Tensor) -> torch.Tensor:
 def make_batch(cfg: ExtrapolationConfig, lengths: Sequence[int], generator: torch.Generator) -> dict[str, torch.Tensor]:
     """A padded batch with one example per entry of ``lengths``.
 
-    Returns ``src (B, S)``, ``tgt_in (B, T)`` = BOS + target, ``tgt_out (B, T)`` =
-    target + EOS, the padding masks ``src_pad (B, S)``, ``tgt_pad (B, T)`` (True at PAD)
-    and ``lengths (B,)``; ``S = max(lengths)``, ``T = S + 1``.
+    Returns ``src (B, S)`` (the symbols, then EOS when ``cfg.anchored``), ``tgt_in (B, T)``
+    = BOS + target, ``tgt_out (B, T)`` = target + EOS, the padding masks ``src_pad (B, S)``,
+    ``tgt_pad (B, T)`` (True at PAD) and ``lengths (B,)``; ``S = max(lengths) + anchored``,
+    ``T = max(lengths) + 1``.
     """
     lengths = [check_positive_int("length", n) for n in lengths]
     if not lengths:
         raise ValueError("lengths must not be empty")
     b, s = len(lengths), max(lengths)
-    src = torch.full((b, s), PAD, dtype=torch.long)
+    src = torch.full((b, cfg.source_length(s)), PAD, dtype=torch.long)
     tgt_in = torch.full((b, s + 1), PAD, dtype=torch.long)
     tgt_out = torch.full((b, s + 1), PAD, dtype=torch.long)
     sym = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + cfg.n_symbols, (b, s), generator=generator)
@@ -187,6 +264,8 @@ def make_batch(cfg: ExtrapolationConfig, lengths: Sequence[int], generator: torc
         x = sym[i, :n]
         y = target_of(cfg.task, x)
         src[i, :n] = x
+        if cfg.anchored:
+            src[i, n] = EOS
         tgt_in[i, 0] = BOS
         tgt_in[i, 1 : n + 1] = y
         tgt_out[i, :n] = y
@@ -195,6 +274,26 @@ def make_batch(cfg: ExtrapolationConfig, lengths: Sequence[int], generator: torc
         "src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "src_pad": src == PAD,
         "tgt_pad": tgt_in == PAD, "lengths": torch.tensor(lengths),
     }  # fmt: skip
+
+
+def lm_batch(cfg: ExtrapolationConfig, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder-only form of ``batch``: ``tokens (B, L)`` = source, BOS, target; ``labels (B, L)``.
+
+    ``labels[i, p]`` is the token the LM must predict after reading ``tokens[i, :p + 1]``: the
+    target symbols and EOS after the source (-100 elsewhere, ignored by the loss).  Rows are
+    right-padded; under the causal mask a padded tail never reaches an earlier position.
+    """
+    rows = []
+    for i, n in enumerate(batch["lengths"].tolist()):
+        m = cfg.source_length(n)
+        rows.append((torch.cat((batch["src"][i, :m], batch["tgt_in"][i, : n + 1])), m, batch["tgt_out"][i, : n + 1]))
+    width = max(len(r[0]) for r in rows)
+    tokens = torch.full((len(rows), width), PAD, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (seq, m, out) in enumerate(rows):
+        tokens[i, : len(seq)] = seq
+        labels[i, m : m + len(out)] = out
+    return tokens, labels
 
 
 def train_lengths(cfg: ExtrapolationConfig, batch_size: int, generator: torch.Generator) -> list[int]:
@@ -223,61 +322,186 @@ def num_threads(n: int):
         torch.set_num_threads(before)
 
 
-def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer:
-    """The model for scheme ``pe``; a learned table gets exactly ``cfg.learned_max_len`` rows."""
+def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer | CausalLM:
+    """The model of run ``pe`` (a scheme or a :data:`VARIANTS` name) for ``cfg.arch``.
+
+    A learned table gets exactly ``cfg.learned_max_len`` rows (``cfg.random_positions_max``
+    for ``-rand``); relative tables get :meth:`ExtrapolationConfig.table_options`.  The
+    decoder-only model has ``2 * num_layers`` layers, as many as encoder and decoder together.
+    """
     name = run_name(pe)
     pe, extra = VARIANTS.get(name, (name, {}))
     extra = dict(extra)
+    randomized = extra.pop("randomized", False)
+    extra.update(cfg.table_options(pe))
     if pe == "learned":
-        extra["max_len"] = cfg.learned_max_len
-    return build_model(
-        pe, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
-        dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, pad_id=PAD, **extra,
-    )  # fmt: skip
+        extra["max_len"] = cfg.random_positions_max if randomized else cfg.learned_max_len
+    if cfg.arch == "decoder":
+        model = CausalLM(cfg.vocab_size, pe, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=2 * cfg.num_layers,
+                         dim_feedforward=cfg.dim_feedforward, **extra)  # fmt: skip
+        schemes = [model.pos]
+    else:
+        model = build_model(
+            pe, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
+            dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, pad_id=PAD, **extra,
+        )  # fmt: skip
+        schemes = [model.enc_pos, model.dec_pos]
+    if randomized:
+        for scheme in schemes:
+            _randomize(scheme)
+    return model
+
+
+def _randomize(scheme: PositionScheme) -> None:
+    """Route the positions ``scheme`` sees through ``scheme.position_map`` whenever one is set.
+
+    The map is a sorted sample of ``[0, random_positions_max)``: position ``p`` of a
+    sequence is read as ``position_map[p]``.  Order is kept (the causal mask still holds),
+    distances and absolute values are those of a longer sequence (Ruoss et al. 2023).
+    """
+    embed, prepare = scheme.embed, scheme.prepare
+    scheme.position_map = None
+
+    def mapped(p: torch.Tensor) -> torch.Tensor:
+        return p if scheme.position_map is None else scheme.position_map[p]
+
+    scheme.embed = lambda positions: embed(mapped(positions))
+    scheme.prepare = lambda q_pos, k_pos: prepare(mapped(q_pos), mapped(k_pos))
+
+
+def randomized_schemes(model) -> list[PositionScheme]:
+    """The position schemes of ``model`` that read randomized positions (empty for other runs)."""
+    return [m for m in model.modules() if isinstance(m, PositionScheme) and hasattr(m, "position_map")]
+
+
+def sample_positions(model, cfg: ExtrapolationConfig, length: int, generator: torch.Generator) -> None:
+    """Give every randomized scheme of ``model`` one fresh sorted sample of ``length`` positions."""
+    schemes = randomized_schemes(model)
+    if schemes:
+        if length > cfg.random_positions_max:
+            raise ValueError(f"length {length} exceeds random_positions_max={cfg.random_positions_max}")
+        pos = torch.randperm(cfg.random_positions_max, generator=generator)[:length].sort().values
+        for scheme in schemes:
+            scheme.position_map = pos
 
 
 def lr_at(step: int, cfg: ExtrapolationConfig) -> float:
-    """Linear warm-up to ``cfg.lr``, then cosine decay to ``0.1 * cfg.lr`` at the last step."""
+    """Linear warm-up to ``cfg.lr``; then constant (train to mastery) or cosine decay to ``0.1 * cfg.lr``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.mastery > 0:  # the length of the run is not known in advance
+        return cfg.lr
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+def param_groups(model, cfg: ExtrapolationConfig) -> list[dict]:
+    """Adam groups: score-bias tables (T5) at ``cfg.bias_lr_scale`` times the rate, the rest at 1x."""
+    fast = {id(p) for m in model.modules() if isinstance(m, PositionScheme) and m.adds_bias for p in m.parameters()}
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if id(p) not in fast], "lr_scale": 1.0}]
+    if fast:
+        groups.append({"params": [p for p in params if id(p) in fast], "lr_scale": cfg.bias_lr_scale})
+    return groups
+
+
+def batch_loss(model, cfg: ExtrapolationConfig, b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the target tokens (and EOS) of batch ``b`` for either architecture."""
+    if cfg.arch == "decoder":
+        tokens, labels = lm_batch(cfg, b)
+        logits = model(tokens)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    return model.loss(b["src"], b["tgt_in"], b["tgt_out"], src_key_padding_mask=b["src_pad"],
+                      tgt_key_padding_mask=b["tgt_pad"])  # fmt: skip
+
+
+def mastery_batch(cfg: ExtrapolationConfig) -> dict[str, torch.Tensor]:
+    """A fixed set of training-length sequences (every length equally often) for the mastery check."""
+    lengths = [cfg.train_min_len + i % (cfg.train_max_len - cfg.train_min_len + 1) for i in range(cfg.eval_examples)]
+    return make_batch(cfg, lengths, torch.Generator().manual_seed(cfg.eval_seed + 7))
+
+
+@torch.no_grad()
+def teacher_forced(model, cfg: ExtrapolationConfig, b: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """Teacher-forced exact match and per-token accuracy of batch ``b`` (target tokens and EOS).
+
+    Exact match: the fraction of sequences whose every target token is the argmax given the
+    right prefix.  It equals greedy exact match: a greedy decoder that is right so far sees
+    exactly the teacher-forced prefix, so it stays right to the end token iff every argmax is
+    right.  Per-token accuracy here counts the target symbols predicted right *given the right
+    prefix* (greedy per-token accuracy can only be lower: its errors compound).
+    """
+    was = model.training
+    model.eval()
+    if cfg.arch == "decoder":
+        tokens, labels = lm_batch(cfg, b)
+        pred = model(tokens).argmax(-1)
+    else:
+        labels = b["tgt_out"].masked_fill(b["tgt_out"] == PAD, -100)
+        pred = model(b["src"], b["tgt_in"], src_key_padding_mask=b["src_pad"], tgt_key_padding_mask=b["tgt_pad"]).argmax(-1)
+    model.train(was)
+    real = labels != -100
+    right = pred == labels
+    symbols = real & (labels != EOS)
+    exact = (right | ~real).all(dim=1).float().mean().item()
+    token = ((right & symbols).sum(1).float() / symbols.sum(1).clamp(min=1)).mean().item()
+    return exact, token
+
+
 def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True, log_every: int = 50):
-    """Train one model; returns ``(model, losses)`` with the mean loss of every ``log_every`` steps."""
+    """Train one model; returns ``(model, losses, info)``.
+
+    ``losses``: the mean loss of every ``log_every`` steps; ``info``: ``steps`` run,
+    ``mastered`` (None when ``cfg.mastery == 0``) and the teacher-forced exact match at the
+    training lengths of every check (``mastery_curve``: ``[step, value]`` pairs).
+    """
     from tqdm.auto import tqdm
 
     set_seed(seed)
     model = make_model(pe, cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98))
+    opt = torch.optim.Adam(param_groups(model, cfg), lr=cfg.lr, betas=(0.9, 0.98))
     g = torch.Generator().manual_seed(seed)
     model.train()
     losses: list[float] = []
+    info: dict[str, Any] = {"steps": 0, "mastered": None, "mastery_curve": []}
     bar = tqdm(range(cfg.steps), desc=f"{run_name(pe)} seed {seed}", disable=not progress, leave=False)
     with num_threads(cfg.threads):
-        _train_loop(model, opt, cfg, g, bar, losses, log_every)
+        _train_loop(model, opt, cfg, g, bar, losses, log_every, info)
     model.eval()
-    return model, losses
+    for scheme in randomized_schemes(model):
+        scheme.position_map = None
+    return model, losses, info
 
 
-def _train_loop(model, opt, cfg, g, bar, losses, log_every):
+def _train_loop(model, opt, cfg, g, bar, losses, log_every, info):
     window = []
+    check = mastery_batch(cfg) if cfg.mastery > 0 else None
+    check_g = torch.Generator().manual_seed(cfg.eval_seed + 11)
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
+            group["lr"] = lr_at(step, cfg) * group["lr_scale"]
         b = make_batch(cfg, train_lengths(cfg, cfg.batch_size, g), g)
-        loss = model.loss(b["src"], b["tgt_in"], b["tgt_out"], src_key_padding_mask=b["src_pad"],
-                          tgt_key_padding_mask=b["tgt_pad"])  # fmt: skip
+        sample_positions(model, cfg, cfg.max_sequence_length(cfg.train_max_len), g)
+        loss = batch_loss(model, cfg, b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         window.append(loss.item())
+        info["steps"] = step + 1
         if len(window) == log_every or step == cfg.steps - 1:
             losses.append(sum(window) / len(window))
             window = []
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if check is not None and ((step + 1) % cfg.check_every == 0 or step == cfg.steps - 1):
+            sample_positions(model, cfg, cfg.max_sequence_length(cfg.train_max_len), check_g)
+            em = teacher_forced(model, cfg, check)[0]
+            info["mastery_curve"].append([step + 1, round(em, 4)])
+            info["mastered"] = em >= cfg.mastery
+            if info["mastered"]:
+                if window:
+                    losses.append(sum(window) / len(window))
+                break
 
 
 def score(pred: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
@@ -307,37 +531,68 @@ def evaluate(model: Seq2SeqTransformer, cfg: ExtrapolationConfig, lengths: Itera
         return [_evaluate_length(model, cfg, n) for n in (lengths if lengths is not None else cfg.test_lengths)]
 
 
-def _evaluate_length(model: Seq2SeqTransformer, cfg: ExtrapolationConfig, n: int) -> dict:
+def _evaluate_length(model, cfg: ExtrapolationConfig, n: int) -> dict:
+    """Exact match and per-token accuracy at length ``n``.
+
+    The encoder-decoder decodes greedily (with its cache).  The decoder-only model is scored
+    teacher-forced (:func:`teacher_forced`): the same exact match, at a fraction of the cost of
+    uncached decoding; its ``token_accuracy`` is then the teacher-forced one.  Both report
+    ``tf_token_accuracy``, the teacher-forced per-token accuracy, for a comparison across the two.
+    """
     batch = test_batch(cfg, n)
-    exact = token = 0.0
+    exact = token = tf_token = 0.0
     representable = True
     try:
+        sample_positions(model, cfg, cfg.max_sequence_length(n), torch.Generator().manual_seed(cfg.eval_seed + n))
         for i in range(0, cfg.eval_examples, cfg.eval_batch_size):
             part = {k: v[i : i + cfg.eval_batch_size] for k, v in batch.items()}
-            pred = greedy_decode(model, part["src"], max_new_tokens=n + 1, bos_id=BOS, eos_id=EOS, use_cache=True)
-            e, t = score(pred, part)
+            e_tf, t_tf = teacher_forced(model, cfg, part)
+            if cfg.arch == "decoder":
+                e, t = e_tf, t_tf
+            else:
+                pred = greedy_decode(model, part["src"], max_new_tokens=n + 1, bos_id=BOS, eos_id=EOS, use_cache=True)
+                e, t = score(pred, part)
             k = part["src"].shape[0]
             exact += e * k
             token += t * k
-        exact, token = exact / cfg.eval_examples, token / cfg.eval_examples
+            tf_token += t_tf * k
+        exact, token, tf_token = (v / cfg.eval_examples for v in (exact, token, tf_token))
     except ValueError as err:
         if "beyond the learned table" not in str(err):
             raise
-        exact = token = 0.0
+        exact = token = tf_token = 0.0
         representable = False
+    finally:
+        for scheme in randomized_schemes(model):
+            scheme.position_map = None
     return {"length": n, "exact_match": round(exact, 6), "token_accuracy": round(token, 6),
-            "representable": representable, "in_training_range": n <= cfg.train_max_len}  # fmt: skip
+            "tf_token_accuracy": round(tf_token, 6), "representable": representable,
+            "in_training_range": n <= cfg.train_max_len}  # fmt: skip
+
+
+@torch.no_grad()
+def greedy_decode_lm(model: CausalLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuation of ``prompt (B, P)`` (source + BOS, no padding) by ``new_tokens`` tokens.
+
+    Returns ``(B, 1 + new_tokens)``: BOS, then the generated tokens (the layout of
+    :func:`~posenc_lib.decoding.greedy_decode`, so :func:`score` reads both).
+    """
+    seq = prompt
+    for _ in range(new_tokens):
+        seq = torch.cat((seq, model(seq)[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return seq[:, prompt.shape[1] - 1 :]
 
 
 # -- results on disk ------------------------------------------------------------------------------
 def result_path(out: str | Path, pe: str, seed: int) -> Path:
+    """One file per (run, seed); one folder per configuration (architecture, task, profile)."""
     return Path(out) / f"{run_name(pe)}_seed{seed}.json"
 
 
 def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True) -> dict[str, Any]:
     """Train and evaluate one (scheme, seed); returns the result record (see :data:`SCHEMA`)."""
     t0 = time.perf_counter()
-    model, losses = train(pe, cfg, seed, progress=progress)
+    model, losses, info = train(pe, cfg, seed, progress=progress)
     t1 = time.perf_counter()
     rows = evaluate(model, cfg)
     t2 = time.perf_counter()
@@ -347,10 +602,13 @@ def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = Tr
         "seed": seed,
         "profile": cfg.name,
         "config": asdict(cfg),
-        "num_parameters": model.num_parameters(),
-        "train": {"steps": cfg.steps, "loss_every_50_steps": [round(x, 5) for x in losses],
-                  "final_loss": round(losses[-1], 5), "seconds": round(t1 - t0, 1)},  # fmt: skip
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "table_options": cfg.table_options(VARIANTS.get(run_name(pe), (run_name(pe), {}))[0]),
+        "train": {"steps": info["steps"], "loss_every_50_steps": [round(x, 5) for x in losses],
+                  "final_loss": round(losses[-1], 5), "seconds": round(t1 - t0, 1),
+                  "mastered": info["mastered"], "mastery_curve": info["mastery_curve"]},  # fmt: skip
         "eval": rows,
+        "token_accuracy_method": "teacher-forced" if cfg.arch == "decoder" else "greedy",
         "eval_seconds": round(t2 - t1, 1),
         "torch": torch.__version__,
     }
@@ -378,7 +636,8 @@ def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progr
     check_record(rec)
     atomic_write_json(result_path(out, pe, seed), rec)
     acc = " ".join(f"{r['length']}:{r['exact_match']:.2f}" for r in rec["eval"])
-    return (f"done {pe} seed {seed}: train {rec['train']['seconds']} s, eval {rec['eval_seconds']} s, "
+    return (f"done {pe} seed {seed}: {rec['train']['steps']} updates (mastered: {rec['train']['mastered']}), "
+            f"train {rec['train']['seconds']} s, eval {rec['eval_seconds']} s, "
             f"final loss {rec['train']['final_loss']:.3f}, exact match by length {acc}")  # fmt: skip
 
 
@@ -516,6 +775,15 @@ def bleu_by_source_length(hyps: Sequence[str], refs: Sequence[str], src_lengths:
 
 
 # -- command line ---------------------------------------------------------------------------------
+def all_runs(arch: str) -> list[str]:
+    """Every run of :data:`RUN_ORDER` that differs from the others in ``arch``.
+
+    A causal ALiBi sees only keys on one side, so ``alibi-split`` is ``alibi`` in a decoder-only model.
+    """
+    check_choice("arch", arch, ARCHS)
+    return [r for r in RUN_ORDER if not (arch == "decoder" and r == "alibi-split")]
+
+
 def parse_list(text: str, what: str) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
@@ -530,11 +798,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--out", default="results/extrapolation")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes); default 1")
+    p.add_argument("--arch", choices=ARCHS, default="encdec", help="encoder-decoder (default) or decoder-only LM")
+    p.add_argument("--task", choices=TASKS, default=None, help="override the profile's task")
+    p.add_argument("--unanchored", action="store_true", help="no </s> at the end of the source")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     a = p.parse_args(argv)
-    cfg = PROFILES[a.profile]
+    cfg = replace(PROFILES[a.profile], arch=a.arch, anchored=PROFILES[a.profile].anchored and not a.unanchored,
+                  task=a.task or PROFILES[a.profile].task)  # fmt: skip
     try:
-        pes = list(RUN_ORDER) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
+        pes = all_runs(cfg.arch) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
     except (TypeError, ValueError) as err:
         p.error(f"--pe: {err}")
     try:

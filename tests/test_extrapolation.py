@@ -23,16 +23,19 @@ def test_profiles_cover_the_brief():
 
 
 @pytest.mark.parametrize("task", ex.TASKS)
-def test_batch_structure(task):
-    cfg = replace(TINY, task=task)
+@pytest.mark.parametrize("anchored", [True, False])
+def test_batch_structure(task, anchored):
+    cfg = replace(TINY, task=task, anchored=anchored)
     g = torch.Generator().manual_seed(0)
     lengths = [2, 5, 3]
     b = ex.make_batch(cfg, lengths, g)
-    assert b["src"].shape == (3, 5) and b["tgt_in"].shape == b["tgt_out"].shape == (3, 6)
+    assert b["src"].shape == (3, 5 + anchored) and b["tgt_in"].shape == b["tgt_out"].shape == (3, 6)
     for i, n in enumerate(lengths):
         x = b["src"][i, :n]
         assert ((x >= ex.FIRST_SYMBOL) & (x < cfg.vocab_size)).all()
-        assert (b["src"][i, n:] == ex.PAD).all() and b["src_pad"][i].sum() == 5 - n
+        if anchored:  # the end-of-source token sits right after the symbols
+            assert b["src"][i, n] == ex.EOS
+        assert (b["src"][i, n + anchored :] == ex.PAD).all() and b["src_pad"][i].sum() == 5 - n
         y = x.flip(0) if task == "reverse" else x
         assert torch.equal(b["tgt_out"][i, :n], y) and b["tgt_out"][i, n] == ex.EOS
         assert b["tgt_in"][i, 0] == ex.BOS and torch.equal(b["tgt_in"][i, 1 : n + 1], y)
@@ -41,12 +44,136 @@ def test_batch_structure(task):
         assert torch.equal(y.sort().values, x.sort().values)
 
 
+def test_decoder_only_sequences_put_the_loss_on_the_target():
+    cfg = replace(TINY, arch="decoder")
+    b = ex.make_batch(cfg, [2, 4], torch.Generator().manual_seed(3))
+    tokens, labels = ex.lm_batch(cfg, b)
+    assert tokens.shape == labels.shape == (2, 4 + 1 + 4 + 1)  # source, </s>, <bos>, target
+    for i, n in enumerate([2, 4]):
+        src, y = b["src"][i, : n + 1], b["tgt_out"][i, :n]
+        assert torch.equal(tokens[i, : n + 1], src) and tokens[i, n + 1] == ex.BOS
+        assert torch.equal(tokens[i, n + 2 : 2 * n + 2], y)
+        # after reading <bos> the LM must say y_0; after y_{n-1}, </s>; nothing is asked of the source
+        assert (labels[i, : n + 1] == -100).all()
+        assert torch.equal(labels[i, n + 1 : 2 * n + 1], y) and labels[i, 2 * n + 1] == ex.EOS
+        assert (labels[i, 2 * n + 2 :] == -100).all()
+    assert cfg.max_sequence_length(4) == 4 + 1 + 4 + 1 == cfg.learned_max_len - 2 * (TINY.train_max_len - 4)
+
+
+@pytest.mark.parametrize("arch", ex.ARCHS)
+def test_teacher_forced_exact_match_equals_greedy(arch):
+    """The shortcut used for the mastery check and the decoder-only scores is exact."""
+    cfg = replace(TINY, arch=arch, task="copy", steps=120 if arch == "encdec" else 200, batch_size=16, lr=1e-2, warmup=5, eval_examples=40,
+                  eval_batch_size=40)  # fmt: skip
+    model, _, _ = ex.train("learned", cfg, seed=0, progress=False)
+    b = ex.test_batch(cfg, 5)
+    if arch == "decoder":
+        pred = ex.greedy_decode_lm(model, torch.cat((b["src"], torch.full_like(b["src"][:, :1], ex.BOS)), 1), 6)
+    else:
+        pred = ex.greedy_decode(model, b["src"], max_new_tokens=6, bos_id=ex.BOS, eos_id=ex.EOS)
+    greedy_exact, greedy_token = ex.score(pred, b)
+    tf_exact, tf_token = ex.teacher_forced(model, cfg, b)
+    assert 0.0 < greedy_exact < 1.0  # partly trained: the comparison is not between two zeros
+    assert tf_exact == pytest.approx(greedy_exact) and tf_token >= greedy_token - 1e-6
+
+
+def test_training_stops_at_mastery_or_at_the_cap():
+    easy = replace(TINY, task="copy", train_min_len=1, train_max_len=3, test_lengths=(3,), steps=400, batch_size=16,
+                   lr=1e-2, warmup=5, mastery=0.6, check_every=20, eval_examples=40, eval_batch_size=40)  # fmt: skip
+    _, _, info = ex.train("learned", easy, seed=0, progress=False)
+    assert info["mastered"] and info["steps"] < easy.steps and info["steps"] % easy.check_every == 0
+    assert info["mastery_curve"][-1] == [info["steps"], pytest.approx(info["mastery_curve"][-1][1])]
+    assert info["mastery_curve"][-1][1] >= 0.6 > max(v for _, v in info["mastery_curve"][:-1])
+    _, _, capped = ex.train("learned", replace(easy, steps=20, mastery=1.0), seed=0, progress=False)
+    assert capped["steps"] == 20 and capped["mastered"] is False
+    _, _, fixed = ex.train("learned", replace(easy, steps=20, mastery=0.0), seed=0, progress=False)
+    assert fixed["mastered"] is None and fixed["mastery_curve"] == []
+
+
+def test_scaled_tables_are_reached_in_training():
+    """With table_sizes="scaled" every learned relative entry is used at the training lengths."""
+    from posenc_lib import deberta_log_bucket, t5_relative_bucket
+
+    cfg = ex.PROFILES["course"]
+    assert cfg.anchored and cfg.table_sizes == "scaled" and cfg.mastery == 0.99 and cfg.bias_lr_scale > 1
+    assert cfg.table_options("shaw") == {"max_relative_position": 8}  # k = 8 at training length 16
+    opts_t5, opts_deb = cfg.table_options("t5"), cfg.table_options("deberta")
+    s = cfg.max_sequence_length(cfg.train_max_len)
+    rel = torch.arange(s)[None, :] - torch.arange(s)[:, None]
+    far = torch.arange(256)[None, :] - torch.arange(256)[:, None]
+    for causal in (False, True):
+        seen = set(t5_relative_bucket(rel if not causal else rel.clamp(max=0), not causal, **opts_t5).flatten().tolist())
+        later = set(t5_relative_bucket(far if not causal else far.clamp(max=0), not causal, **opts_t5).flatten().tolist())
+        assert later <= seen
+    bucket = lambda r: deberta_log_bucket(r, opts_deb["position_buckets"], opts_deb["max_relative_positions"])
+    span = opts_deb["position_buckets"]
+    assert set(bucket(far).clamp(-span, span - 1).flatten().tolist()) <= set(bucket(rel).clamp(-span, span - 1).flatten().tolist())
+    # the library defaults leave entries that training never reaches
+    lib = ex.PROFILES["pilot"]
+    assert lib.table_options("t5") == {} and not lib.anchored
+    assert len(set(t5_relative_bucket(far).flatten().tolist()) - set(t5_relative_bucket(rel).flatten().tolist())) > 0
+
+
+def test_bias_tables_learn_faster():
+    cfg = ex.PROFILES["course"]
+    groups = ex.param_groups(ex.make_model("t5", cfg), cfg)
+    assert [g["lr_scale"] for g in groups] == [1.0, cfg.bias_lr_scale]
+    model = ex.make_model("t5", cfg)
+    fast = {id(p) for p in ex.param_groups(model, cfg)[1]["params"]}
+    assert fast == {id(p) for p in list(model.enc_pos.parameters()) + list(model.dec_pos.parameters())}
+    assert [g["lr_scale"] for g in ex.param_groups(ex.make_model("rope", cfg), cfg)] == [1.0]
+    assert ex.lr_at(cfg.warmup + 5, cfg) == ex.lr_at(cfg.steps - 1, cfg) == cfg.lr  # constant until mastered
+
+
+def test_randomized_positions():
+    cfg = replace(TINY, random_positions_max=40)
+    model = ex.make_model("learned-rand", cfg)
+    assert model.enc_pos.table.max_len == 40 and ex.randomized_schemes(model) == [model.enc_pos, model.dec_pos]
+    assert ex.randomized_schemes(ex.make_model("learned", cfg)) == []
+    g = torch.Generator().manual_seed(0)
+    seen = []
+    for _ in range(20):
+        ex.sample_positions(model, cfg, 7, g)
+        pos = model.enc_pos.position_map
+        assert pos.shape == (7,) and (pos.diff() > 0).all() and 0 <= pos.min() and pos.max() < 40
+        assert model.dec_pos.position_map is pos
+        seen.append(pos.max().item())
+        # the scheme reads the sampled positions: its code for 0..6 is the table's rows at pos
+        assert torch.equal(model.enc_pos.embed(torch.arange(7)), model.enc_pos.table.weight[pos])
+    assert max(seen) > 20  # positions far beyond the training length get trained
+    rope = ex.make_model("rope-rand", cfg)
+    ex.sample_positions(rope, cfg, 5, g)
+    ctx = rope.enc_pos.prepare(torch.arange(5), torch.arange(5))
+    assert torch.equal(ctx["q_pos"], rope.enc_pos.position_map)
+    # after training the map is cleared; evaluation samples its own, and a learned-rand
+    # model represents test lengths beyond the training range
+    trained, _, _ = ex.train("learned-rand", replace(cfg, steps=3), seed=0, progress=False)
+    assert trained.enc_pos.position_map is None
+    rows = {r["length"]: r for r in ex.evaluate(trained, cfg)}
+    assert rows[12]["representable"] and trained.enc_pos.position_map is None
+    with pytest.raises(ValueError, match="random_positions_max"):
+        ex.ExtrapolationConfig(test_lengths=(4, 200), random_positions_max=100)
+
+
+def test_decoder_only_runs_every_scheme(tmp_path):
+    cfg = replace(TINY, arch="decoder", steps=2, eval_examples=4)
+    assert "alibi-split" not in ex.all_runs("decoder") and "alibi-split" in ex.all_runs("encdec")
+    assert {"sinusoidal-rand", "learned-rand", "rope-rand"} <= set(ex.all_runs("decoder"))
+    paths = ex.run_all(cfg, ex.all_runs("decoder"), [0], tmp_path, progress=False, log=lambda *_: None)
+    recs = ex.load_results(tmp_path)
+    assert len(recs) == len(paths) == len(ex.all_runs("decoder"))
+    for r in recs:
+        assert r["config"]["arch"] == "decoder" and r["token_accuracy_method"] == "teacher-forced"
+    learned = next(r for r in recs if r["pe"] == "learned")
+    assert [row["representable"] for row in learned["eval"]] == [True, True, False]
+
+
 def test_training_lengths_stay_in_range_and_test_sets_are_fixed():
     g = torch.Generator().manual_seed(1)
     lens = ex.train_lengths(TINY, 500, g)
     assert min(lens) == TINY.train_min_len and max(lens) == TINY.train_max_len
     a, b = ex.test_batch(TINY, 12), ex.test_batch(TINY, 12)
-    assert torch.equal(a["src"], b["src"]) and a["src"].shape == (TINY.eval_examples, 12)
+    assert torch.equal(a["src"], b["src"]) and a["src"].shape == (TINY.eval_examples, 12 + TINY.anchored)
     assert not torch.equal(ex.test_batch(replace(TINY, eval_seed=7), 12)["src"], a["src"])
 
 
@@ -67,7 +194,8 @@ def test_score_counts_exact_and_token_accuracy():
 
 def test_tiny_training_run_loss_falls():
     cfg = replace(TINY, steps=60, batch_size=16, lr=1e-2, warmup=5)
-    _, losses = ex.train("sinusoidal", cfg, seed=0, progress=False, log_every=10)
+    _, losses, info = ex.train("sinusoidal", cfg, seed=0, progress=False, log_every=10)
+    assert info["steps"] == 60 and info["mastered"] is None
     assert len(losses) == 6
     assert losses[-1] < 0.8 * losses[0]
 
@@ -175,4 +303,4 @@ def test_alibi_split_variant_is_a_run_of_its_own():
     cfg = ex.PROFILES["smoke"]
     model = ex.make_model("alibi-split", cfg)
     assert model.enc_pos.bidirectional == "split" and model.pe == "alibi"
-    assert ex.RUN_ORDER[-1] == "alibi-split" and ex.result_path("o", "alibi-split", 1).name == "alibi-split_seed1.json"
+    assert ex.RUN_ORDER[len(PE_TYPES)] == "alibi-split" and ex.result_path("o", "alibi-split", 1).name == "alibi-split_seed1.json"
