@@ -27,7 +27,7 @@ from posenc_lib.train import (
     split_batch,
     train_model,
 )
-from posenc_lib.wmt14 import default_ckpt_dir, main, make_data, prepare_data, run, score
+from posenc_lib.wmt14 import default_ckpt_dir, main, make_data, prepare_data, resolve_jobs, run
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -346,6 +346,20 @@ def test_jobs_2_trains_in_parallel_processes_and_score_adds_bertscore_later(tmp_
     assert scored["paired_bootstrap"]["heldout"][0]["system"] == "rope"
     assert (tmp_path / "par" / "figures" / "bertscore_f1.png").is_file()
     assert main(["score", str(tmp_path / "nowhere")]) == 2
+
+
+def test_jobs_auto_fits_models_to_gpu_memory(monkeypatch):
+    class Props:
+        total_memory = 0
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props)
+    for gib, want in ((79.1, 4), (39.4, 2), (23.6, 1), (14.7, 1), (139.8, 4)):
+        Props.total_memory = int(gib * 2**30)
+        assert resolve_jobs("auto", "cuda:0", 8) == want
+    assert resolve_jobs("auto", "cpu", 8) == 1 and resolve_jobs(4, "cpu", 2) == 2 and resolve_jobs("3", "cpu", 8) == 3
+    for bad in ("0", "-1", "many", 0, True, 1.5):
+        with pytest.raises(ValueError, match="--jobs must be a positive integer or 'auto'"):
+            resolve_jobs(bad, "cpu", 8)
 
 
 BLOCKER = '''
