@@ -130,3 +130,26 @@ def test_rope_all_ones_score_is_lesson_03_cosine_sum():
     score = (apply_rope(ones, torch.tensor([0])) @ apply_rope(ones.expand(300, 128), r).T)[0] / 2
     expected = torch.cos(r[:, None].double() * sinusoidal_frequencies(128, dtype=torch.float64)).sum(-1)
     assert torch.allclose(score.double(), expected, atol=1e-2)
+
+
+def test_t5_bias_fused_at_inference_but_not_when_it_needs_a_gradient():
+    """Lesson 07: the flash kernel takes a fixed float mask, not one whose gradient training needs."""
+    import warnings
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = k = v = torch.randn(1, 2, 8, 4)
+    bias = T5Bias(8, 2, 1).compute_bias(torch.arange(8), torch.arange(8))
+
+    def flash(mask):
+        try:
+            with warnings.catch_warnings(), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                warnings.simplefilter("ignore")
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return True
+        except RuntimeError:
+            return False
+
+    assert bias.requires_grad                      # a learned table: training needs this gradient
+    assert flash(bias.detach()) and not flash(bias)
