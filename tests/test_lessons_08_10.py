@@ -95,3 +95,39 @@ def test_causal_alibi_equals_key_only_bias():
     a = torch.softmax((s + alibi_bias(pos, pos, slopes)).masked_fill(mask, float("-inf")), -1)
     b = torch.softmax((s + slopes[:, None, None] * pos.float()[None, None, :]).masked_fill(mask, float("-inf")), -1)
     torch.testing.assert_close(a, b)
+
+
+def _segment_outputs(layers, scheme, x, seg_len):
+    """Transformer-XL's recurrence: layer n's memory is the previous segment's detached layer-(n-1) input."""
+    mems, outs = [None] * len(layers), [[] for _ in layers]
+    for s in range(x.shape[1] // seg_len):
+        h = x[:, s * seg_len:(s + 1) * seg_len]
+        for n, attn in enumerate(layers):
+            mem, mems[n] = mems[n], h.detach()
+            m = 0 if mem is None else mem.shape[1]
+            ctx = scheme.prepare(torch.arange(s * seg_len, (s + 1) * seg_len), torch.arange(s * seg_len - m, (s + 1) * seg_len))
+            cache = None if mem is None else {"k": attn.split(attn.k_proj(mem)), "v": attn.split(attn.v_proj(mem))}
+            h = h + attn(h, causal=True, pos=scheme, ctx=ctx, layer=n, cache=cache)
+            outs[n].append(h)
+    return [torch.cat(o, dim=1) for o in outs]
+
+
+def test_transformer_xl_memory_reach_grows_one_segment_per_layer_without_gradient():
+    torch.manual_seed(0)
+    d, L, S, N = 8, 3, 4, 3
+    layers = [MultiHeadAttention(d, 2) for _ in range(N)]
+    scheme = make_scheme("xlnet", d, 2, num_layers=N, causal=True)
+    x = torch.randn(1, S * L, d, requires_grad=True)
+    with torch.no_grad():
+        base = _segment_outputs(layers, scheme, x, L)
+        reach = []
+        for n in range(N):
+            moved = []
+            for p in range(S * L):
+                x2 = x.clone()
+                x2[0, p] += 1.0
+                moved.append(bool(((_segment_outputs(layers, scheme, x2, L)[n] - base[n])[0, -1].abs() > 1e-6).any()))
+            reach.append(S * L - 1 - moved.index(True))
+    assert reach == [(n + 2) * L - 1 for n in range(N)]          # layer n+1 reaches n+1 segments back
+    _segment_outputs(layers, scheme, x, L)[-1][0, -1].sum().backward()
+    assert torch.equal((x.grad[0].abs().sum(-1) > 0).nonzero().flatten(), torch.arange((S - 1) * L, S * L))
