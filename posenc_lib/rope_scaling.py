@@ -134,7 +134,7 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def yarn_ramp(head_dim: int, base: float, factor_L: int, beta_fast: float, beta_slow: float,
-              truncate: bool = True) -> torch.Tensor:  # fmt: skip
+              truncate: bool = True, device=None) -> torch.Tensor:  # fmt: skip
     """YaRN's ``gamma_k`` ``(head_dim // 2,)``: 1 keeps frequency k, 0 interpolates it, linear in between.
 
     The boundaries are the pair indices where a frequency turns ``beta_fast`` and ``beta_slow``
@@ -150,7 +150,7 @@ def yarn_ramp(head_dim: int, base: float, factor_L: int, beta_fast: float, beta_
     lo, hi = max(lo, 0), min(hi, head_dim - 1)
     if lo == hi:
         hi += 0.001  # as in the reference: avoid dividing by zero
-    interpolate = ((torch.arange(head_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+    interpolate = ((torch.arange(head_dim // 2, dtype=torch.float32, device=device) - lo) / (hi - lo)).clamp(0, 1)
     return 1.0 - interpolate
 
 
@@ -193,8 +193,8 @@ def scaled_rope_frequencies(
         return 1.0 / (new_base**exponents), 1.0
     if rope_type == "yarn":
         L = scaling["original_max_position_embeddings"]
-        keep = yarn_ramp(head_dim, base, L, scaling["beta_fast"], scaling["beta_slow"], scaling["truncate"])
-        keep = keep.to(inv_freq.device)
+        keep = yarn_ramp(head_dim, base, L, scaling["beta_fast"], scaling["beta_slow"], scaling["truncate"],
+                         device=inv_freq.device)
         inv_freq = (inv_freq / s) * (1 - keep) + inv_freq * keep
         if scaling["attention_factor"] is not None:
             scale = scaling["attention_factor"]

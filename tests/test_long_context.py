@@ -327,3 +327,15 @@ def test_config_validation():
         replace(lc.SMOKE, steps=0)
     with pytest.raises(ValueError, match="eval_chars=10 is shorter"):
         replace(lc.SMOKE, eval_chars=10)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS + [{"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 8}])
+def test_scaled_rope_is_built_on_the_positions_device_without_reading_values(scaling):
+    """On the meta device nothing can be read back: any host read or CPU-only tensor would fail here."""
+    scheme = make_scheme("rope", 32, 2, 1, causal=True, scaling=scaling)
+    pos = torch.arange(20, device="meta")
+    ctx = scheme.prepare(pos, pos)
+    assert ctx["cos"].device.type == "meta" and ctx["cos"].shape == (20, 16)
+    q = torch.empty(1, 2, 20, 16, device="meta")
+    oq, ok = scheme.rotate(q, q, ctx, 0)
+    assert oq.shape == q.shape and oq.device.type == "meta"
