@@ -68,9 +68,10 @@ def beam_search(
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
-    if isinstance(eos_id, bool) or not isinstance(eos_id, int) or not 0 <= eos_id < model.vocab_size:
-        raise ValueError(f"eos_id must be a token id in 0..{model.vocab_size - 1} (vocab_size={model.vocab_size}), "
-                         f"got {eos_id!r}")  # fmt: skip
+    for name, tok in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < model.vocab_size:
+            raise ValueError(f"{name} must be a token id in 0..{model.vocab_size - 1} (vocab_size={model.vocab_size}), "
+                             f"got {tok!r}")  # fmt: skip
     pad_id = model.pad_id if pad_id is None else pad_id
     was_training = model.training
     model.eval()

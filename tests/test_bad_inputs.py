@@ -237,6 +237,17 @@ def test_greedy_decode_inputs(pe, src, max_new, bos):
         assert ys.shape[0] == src.shape[0] and ys.dtype == torch.long and (ys[:, 0] == bos).all()
 
 
+@FAST
+@given(pe=st.sampled_from(["none", "rope", "learned"]), src=token_tensors(2), beam=WEIRD, bos=st.integers(-2, VOCAB + 2))
+def test_beam_search_inputs(pe, src, beam, bos):
+    from posenc_lib.beam import beam_search
+
+    ys, err = works_or_names(lambda: beam_search(_model(pe), src, max_new_tokens=3, bos_id=bos, eos_id=2, beam=beam),
+                             "src", "beam", "bos_id", "max_len", "vocab_size=12")  # fmt: skip
+    if ys is not None:
+        assert ys.shape[0] == src.shape[0] and (ys[:, 0] == bos).all()
+
+
 # -- the functions the lessons call ------------------------------------------------------------------
 def _functions():
     """name -> (call taking one drawn value, the argument that value fills)."""
