@@ -11,8 +11,8 @@ angles the model has (nearly) seen:
 
       theta'_k = theta_k / s
 
-* **dynamic** -- dynamic NTK-aware scaling (bloc97 and emozilla, 2023; used by Code Llama-style
-  long-context checkpoints in ``transformers``): raise the base instead, so the highest frequencies
+* **dynamic** -- dynamic NTK-aware scaling (bloc97 and emozilla, 2023, posts on r/LocalLLaMA;
+  ``rope_type="dynamic"`` in ``transformers``): raise the base instead, so the highest frequencies
   barely move and the lowest are interpolated; the amount follows the current length ``n``::
 
       base' = base * (s * n / L - (s - 1)) ** (d / (d - 2)),   n = max(seq_len, L)
