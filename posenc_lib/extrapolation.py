@@ -743,6 +743,37 @@ def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_ma
     ax.set_ylim(-0.03, 1.03)
 
 
+def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, title: str = "") -> None:
+    """Runs (rows) x test lengths (columns), the mean over seeds written in every cell.
+
+    ``"--"`` marks a length the run cannot represent (a learned table without the row); a
+    white line separates the training lengths (left) from the longer ones.  With more than one
+    seed the cell also shows the min-max range over seeds.
+    """
+    import numpy as np
+
+    runs = list(summary)
+    lengths = summary[runs[0]]["lengths"]
+    grid = np.array([summary[r]["mean"] for r in runs], dtype=float)
+    ax.imshow(grid, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    for i, r in enumerate(runs):
+        s = summary[r]
+        for j, _ in enumerate(lengths):
+            text = f"{s['mean'][j]:.2f}" if s["representable"][j] else "--"
+            if s["representable"][j] and len(s["seeds"]) > 1:
+                text += f"\n{s['min'][j]:.2f}-{s['max'][j]:.2f}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="white" if grid[i, j] > 0.6 else "black")  # fmt: skip
+    inside = sum(n <= train_max_len for n in lengths)
+    ax.axvline(inside - 0.5, color="crimson", lw=2)
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(runs)), [f"{r} ({len(summary[r]['seeds'])})" if len(summary[r]["seeds"]) > 1 else r
+                                     for r in runs])  # fmt: skip
+    ax.set_xlabel(f"test length (symbols); left of the red line: trained (<= {train_max_len})")
+    if title:
+        ax.set_title(title)
+
+
 # -- translation: BLEU by source length -----------------------------------------------------------
 def bleu_by_source_length(hyps: Sequence[str], refs: Sequence[str], src_lengths: Sequence[int],
                           edges: Sequence[int], *, train_max_len: int | None = None) -> list[dict[str, Any]]:  # fmt: skip

@@ -304,3 +304,22 @@ def test_alibi_split_variant_is_a_run_of_its_own():
     model = ex.make_model("alibi-split", cfg)
     assert model.enc_pos.bidirectional == "split" and model.pe == "alibi"
     assert ex.RUN_ORDER[len(PE_TYPES)] == "alibi-split" and ex.result_path("o", "alibi-split", 1).name == "alibi-split_seed1.json"
+
+
+def test_heatmap_writes_every_cell_and_marks_unrepresentable_lengths():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = []
+    for seed, shift in ((0, 0.0), (1, 0.2)):
+        rows = [{"length": n, "exact_match": v + shift, "token_accuracy": 1.0, "representable": ok}
+                for n, v, ok in ((4, 0.5, True), (8, 0.25, True), (12, 0.0, False))]  # fmt: skip
+        recs.append({"pe": "learned", "seed": seed, "eval": rows})
+    fig, ax = plt.subplots()
+    ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=8, title="t")
+    texts = [t.get_text() for t in ax.texts]
+    plt.close(fig)
+    assert texts == ["0.60\n0.50-0.70", "0.35\n0.25-0.45", "--"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["learned (2)"]
