@@ -133,7 +133,7 @@ class ExtrapolationConfig:
     # -- training: the same budget (updates x batch) for every scheme -------------------------
     steps: int = 1200  # with mastery > 0: the cap; otherwise the number of updates
     batch_size: int = 32  # sequences per update (many small updates learn faster on a CPU)
-    lr: float = 2e-3  # Adam peak learning rate; linear warm-up, then constant (mastery > 0) or cosine to 10%
+    lr: float = 2e-3  # Adam peak learning rate; linear warm-up, then cosine decay to 10% at `steps`
     warmup: int = 100
     grad_clip: float = 1.0
     bias_lr_scale: float = 1.0  # learning-rate factor for score-bias tables (T5's): one scalar per bucket
@@ -386,11 +386,13 @@ def sample_positions(model, cfg: ExtrapolationConfig, length: int, generator: to
 
 
 def lr_at(step: int, cfg: ExtrapolationConfig) -> float:
-    """Linear warm-up to ``cfg.lr``; then constant (train to mastery) or cosine decay to ``0.1 * cfg.lr``."""
+    """Linear warm-up to ``cfg.lr``, then cosine decay to ``0.1 * cfg.lr`` at step ``cfg.steps`` (the cap).
+
+    Training to mastery stops wherever the model masters the training lengths, on this same
+    schedule: a fast learner stops at a high rate, a slow one gets the decay it needs to converge.
+    """
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.mastery > 0:  # the length of the run is not known in advance
-        return cfg.lr
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
