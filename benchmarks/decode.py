@@ -2,7 +2,7 @@
 
 For each scheme: encode a random source (``cfg.decode_batch`` x ``cfg.decode_src_len``)
 and decode exactly ``cfg.decode_new_tokens`` tokens greedily (the end-of-sequence
-id is set to -1, which is never produced, so no run stops early).  Without the
+id is None, so no run stops early).  Without the
 cache the whole prefix goes through the decoder at every step (quadratic in the
 output length); with it, one new token per step.  Both must give identical tokens.
 """
@@ -14,7 +14,7 @@ from posenc_lib import greedy_decode
 
 from .common import BenchConfig, log, make_model, random_tokens, rotated, summarise, timed
 
-NEVER = -1  # end-of-sequence id that no argmax can produce
+NEVER = None  # no end-of-sequence id: every run decodes exactly decode_new_tokens
 
 
 def bench_decode(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False) -> dict:

@@ -38,7 +38,7 @@ def greedy_decode(
     *,
     max_new_tokens: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     use_cache: bool = True,
     src_key_padding_mask: torch.Tensor | None = None,
     pad_id: int | None = None,
@@ -47,11 +47,13 @@ def greedy_decode(
 
     Rows that produced ``eos_id`` are filled with ``pad_id`` (default: the
     model's) afterwards; decoding stops early once every row has finished.
+    ``eos_id=None``: no token ends a row, exactly ``max_new_tokens`` are decoded.
     """
     check_token_tensor("src", src)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-    for name, tok in (("bos_id", bos_id), ("eos_id", eos_id)):
-        check_int_range(name, tok, 0, model.vocab_size - 1)
+    check_int_range("bos_id", bos_id, 0, model.vocab_size - 1)
+    if eos_id is not None:  # None: no end token, always decode max_new_tokens (benchmarks)
+        check_int_range("eos_id", eos_id, 0, model.vocab_size - 1)
     pad_id = model.pad_id if pad_id is None else pad_id
     was_training = model.training
     model.eval()
@@ -69,7 +71,8 @@ def greedy_decode(
             logits = model.decode(inp, memory, memory_key_padding_mask=src_key_padding_mask, cache=cache)
             nxt = logits[:, -1].argmax(-1).masked_fill(done, pad_id)
             ys = torch.cat((ys, nxt[:, None]), dim=1)
-            done |= nxt == eos_id
+            if eos_id is not None:
+                done |= nxt == eos_id
             width = torch.where(done.all() & (width > step + 2), step + 2, width)
             if (step + 1) % every == 0 and bool(done.all()):
                 break
