@@ -53,8 +53,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .utils import check_divides
+
+#: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
+#: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs
+#: a gradient), runs over blocks of queries instead: each block's scores are built, used and dropped,
+#: and with gradients on the block is checkpointed (its scores and weights are recomputed in the
+#: backward pass instead of kept).  Memory then holds one block of scores, not all of them.
+#: ``None`` turns blocking off.  2**24 elements = 64 MiB of float32 scores per block.
+BLOCK_ELEMENTS: int | None = 2**24
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -125,6 +134,22 @@ class PositionScheme(nn.Module):
     def values(self, probs: torch.Tensor, ctx: dict, layer: int) -> torch.Tensor | None:
         """Extra output term ``(batch, heads, q_len, head_dim)`` from the attention weights."""
         return None
+
+    @property
+    def splits_queries(self) -> bool:
+        """True when :meth:`query_slice` is defined for this scheme's score and value terms."""
+        return not (self.adds_scores or self.adds_values) or (
+            type(self).query_slice is not PositionScheme.query_slice
+        )
+
+    def query_slice(self, ctx: dict, start: int, end: int) -> dict:
+        """The context for query rows ``start:end`` of ``ctx`` (attention over query blocks).
+
+        A bias needs nothing here (the bias tensor itself is sliced); a scheme with score or
+        value terms overrides this to slice its relative-index structures (until it does,
+        its attention runs in one piece).
+        """
+        return {**ctx, "q_pos": ctx["q_pos"][start:end]}
 
     # -- facts for the comparison table ------------------------------------------------------
     @property
@@ -241,7 +266,8 @@ class MultiHeadAttention(nn.Module):
         """Attend from ``x (batch, q_len, d_model)`` to ``kv`` (default: ``x``, self-attention).
 
         ``cache``: a dict this layer owns during incremental decoding.  For
-        self-attention it accumulates keys/values (RoPE keys already rotated);
+        self-attention it accumulates keys/values (RoPE keys already rotated) in
+        preallocated buffers;
         for cross-attention it stores the projected memory once.
         Returns ``(batch, q_len, d_model)``, and the attention weights if ``need_weights``.
         """
@@ -253,10 +279,7 @@ class MultiHeadAttention(nn.Module):
             if pos is not None:
                 q, k = pos.rotate(q, k, ctx, layer)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat((cache["k"], k), dim=2)
-                    v = torch.cat((cache["v"], v), dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = _append_to_cache(cache, k, v)
         else:  # cross-attention: no positions
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
@@ -283,17 +306,18 @@ class MultiHeadAttention(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim * terms)
         p_drop = self.dropout if self.training else 0.0
 
-        if path.fused:
-            mask = allowed
-            if bias is not None:
-                mask = bias.to(q.dtype)  # built in float32; cast only where it enters the kernel
-                if allowed is not None:
-                    mask = mask.masked_fill(~allowed, float("-inf"))
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=path.is_causal, scale=scale
-            )
-            probs = None
-        else:
+        def attend(q, allowed, bias, ctx):
+            """Attention of the queries ``q`` (all, or one block of them) to every key."""
+            if path.fused:
+                mask = allowed
+                if bias is not None:
+                    mask = bias.to(q.dtype)  # built in float32; cast only where it enters the kernel
+                    if allowed is not None:
+                        mask = mask.masked_fill(~allowed, float("-inf"))
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=path.is_causal, scale=scale
+                )
+                return out, None
             extra = pos.scores(q, k, ctx, layer, self) if pos is not None else None
             s = q @ k.transpose(-1, -2)  # a fresh tensor: the in-place steps below save allocations
             if extra is not None:
@@ -308,7 +332,79 @@ class MultiHeadAttention(nn.Module):
             out = probs_d @ v
             if pos is not None and pos.adds_values:
                 out = out + pos.values(probs_d, ctx, layer)
+            return out, probs
+
+        blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias)
+        if blocks is None:
+            out, probs = attend(q, allowed, bias, ctx)
+        else:
+            probs = None
+            remember = torch.is_grad_enabled() and (
+                q.requires_grad or k.requires_grad or v.requires_grad
+                or any(p.requires_grad for p in (pos.parameters() if pos is not None else ()))
+                or (bias is not None and bias.requires_grad)
+            )  # fmt: skip
+            outs = []
+            for start, end in blocks:
+                args = (q[:, :, start:end], _rows(allowed, start, end), _rows(bias, start, end),
+                        pos.query_slice(ctx, start, end) if pos is not None else ctx)  # fmt: skip
+                if remember:
+                    outs.append(checkpoint(lambda *a: attend(*a)[0], *args, use_reentrant=False))
+                else:
+                    outs.append(attend(*args)[0])
+            out = torch.cat(outs, dim=2)
         out = self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
         if self.keep_weights:
             self.last_weights = probs.detach()
         return (out, probs) if need_weights else out
+
+    def _query_blocks(self, q, k_len, path, pos, ctx, bias) -> list[tuple[int, int]] | None:
+        """Query ranges for attention in blocks (see :data:`BLOCK_ELEMENTS`), or ``None`` for one piece.
+
+        Blocks only pay where whole scores would otherwise be kept: the explicit path, or a fused call
+        whose float mask needs a gradient (SDPA then falls back to its materialising math path).
+        """
+        b, h, q_len, _ = q.shape
+        if BLOCK_ELEMENTS is None or b * h * q_len * k_len <= BLOCK_ELEMENTS:
+            return None
+        if path.fused and not (bias is not None and bias.requires_grad and torch.is_grad_enabled()):
+            return None
+        if pos is not None and (pos.adds_scores or pos.adds_values) and not pos.splits_queries:
+            return None
+        rows = max(1, BLOCK_ELEMENTS // (b * h * k_len))
+        if rows >= q_len:
+            return None
+        return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
+
+
+def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write the new keys/values into the layer's preallocated buffers; return all keys/values so far.
+
+    The buffers (``k_buf``, ``v_buf``: ``(batch, heads, capacity, head_dim)``) double when full, so a
+    decoding step copies only its own row, not every earlier key (as growing by ``torch.cat`` would).
+    Earlier keys/values handed in as ``cache["k"]``, ``cache["v"]`` are taken over as the buffers' start.
+    """
+    if "k" in cache and "k_buf" not in cache:  # keys/values handed in as plain tensors: adopt them
+        cache["k_buf"], cache["v_buf"] = cache.pop("k"), cache.pop("v")
+        cache["len"] = cache["k_buf"].shape[2]
+    n, new = cache.get("len", 0), k.shape[2]
+    buf = cache.get("k_buf")
+    if buf is None or n + new > buf.shape[2] or buf.shape[:2] != k.shape[:2] or buf.dtype != k.dtype:
+        cap = max(2 * (n + new), 16)
+        k_buf = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
+        v_buf = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+        if n:
+            k_buf[:, :, :n] = cache["k_buf"][:, :, :n]
+            v_buf[:, :, :n] = cache["v_buf"][:, :, :n]
+        cache["k_buf"], cache["v_buf"] = k_buf, v_buf
+    cache["k_buf"][:, :, n : n + new] = k
+    cache["v_buf"][:, :, n : n + new] = v
+    cache["len"] = n + new
+    return cache["k_buf"][:, :, : n + new], cache["v_buf"][:, :, : n + new]
+
+
+def _rows(t: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    """Query rows ``start:end`` of a mask or bias broadcastable to ``(..., q_len, k_len)``."""
+    if t is None or t.dim() < 2 or t.shape[-2] == 1:
+        return t
+    return t[..., start:end, :]

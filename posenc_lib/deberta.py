@@ -102,6 +102,9 @@ class DebertaDisentangled(PositionScheme):
         index = deberta_index(q_pos, k_pos, self.position_buckets, self.position_buckets, self.max_relative_positions)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "rel": self.rel_norm(self.rel_embeddings.weight)}
 
+    def query_slice(self, ctx, start, end):
+        return {**ctx, "q_pos": ctx["q_pos"][start:end], "index": ctx["index"][start:end]}
+
     def scores(self, q, k, ctx, layer, attn):
         rel = ctx["rel"].to(q.dtype)
         h, dh = self.n_heads, self.head_dim

@@ -98,8 +98,9 @@ class DecoderCache:
         """Keep batch rows ``index`` (beam search)."""
         for layer in self.layers:
             for part in layer.values():
-                for key in part:
-                    part[key] = part[key].index_select(0, index)
+                for key, value in part.items():
+                    if isinstance(value, torch.Tensor):  # buffers and cross-attention keys; not lengths
+                        part[key] = value.index_select(0, index)
 
 
 class Seq2SeqTransformer(nn.Module):

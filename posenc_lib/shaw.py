@@ -193,6 +193,15 @@ class ShawRelative(PositionScheme):
         plan = shaw_plan(index, 2 * self.max_relative_position + 1)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "plan": plan}
 
+    def query_slice(self, ctx, start, end):
+        # one plan per block, built once per forward and shared by the layers of the stack
+        plans = ctx.setdefault("block_plans", {})
+        if (start, end) not in plans:
+            index = ctx["index"][start:end]
+            plans[start, end] = shaw_plan(index, 2 * self.max_relative_position + 1)
+        plan = plans[start, end]
+        return {"q_pos": ctx["q_pos"][start:end], "k_pos": ctx["k_pos"], "index": plan.index, "plan": plan}
+
     def scores(self, q, k, ctx, layer, attn):
         return shaw_key_scores(q, self.table_k[layer].to(q.dtype), ctx["index"], ctx.get("plan"))
 

@@ -83,6 +83,14 @@ class XLNetRelative(PositionScheme):
         distances = (q_pos[-1] - k_pos[0]) - torch.arange(n, device=q_pos.device)
         return {"q_pos": q_pos, "k_pos": k_pos, "R": xlnet_sinusoid(distances, self.d_model, self.base)}
 
+    def query_slice(self, ctx, start, end):
+        # R holds distances dmax, dmax - 1, ... for all queries; the block's last query is
+        # (q_len - end) positions earlier, so its distances start that many rows further down
+        lq, lk = ctx["q_pos"].numel(), ctx["k_pos"].numel()
+        first = lq - end
+        r = ctx["R"][first : first + (end - start) + lk - 1]
+        return {**ctx, "q_pos": ctx["q_pos"][start:end], "R": r}
+
     def scores(self, q, k, ctx, layer, attn):
         b, h, lq, dh = q.shape
         r = (ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)).view(-1, h, dh).transpose(0, 1)  # (H, P, dh)
