@@ -386,6 +386,9 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, pe, seed, ctx, threads) for pe, seed in todo]
             for f in as_completed(futures):
+                if f.exception() is not None:  # e.g. a damaged checkpoint: start no further model
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    raise f.exception()
                 done = f.result()
                 finished &= done["finished"]
                 if done["finished"]:

@@ -259,6 +259,8 @@ def test_damaged_checkpoint_is_named_and_never_silently_retrained(tmp_path, caps
     ck.write_bytes(raw[: len(raw) // 2])  # truncated, as by a full disk
     with pytest.raises(CheckpointError, match=rf"checkpoint {ck} is unreadable.*delete it to retrain"):
         run(prof, ["none"], [0], tmp_path / "run", resume=True, **kw)
+    with pytest.raises(CheckpointError, match=rf"checkpoint {ck} is unreadable"):  # from a --jobs worker too
+        run(prof, ["none", "rope"], [0], tmp_path / "run", resume=True, jobs=2, threads=1, **kw)
     argv = ["--profile", "smoke", "--pe", "none", "--data-dir", str(d), "--out", str(tmp_path / "run"), "--resume",
             "--no-progress"] + [f"--set={k}={v}" for k, v in (("vocab_size", 300), ("max_steps", 8), ("log_every", 2),
                                 ("val_every", 4), ("ckpt_every", 4), ("val_pairs", 8), ("eval_limit", 3),
