@@ -106,10 +106,17 @@ class DebertaDisentangled(PositionScheme):
         return {**ctx, "q_pos": ctx["q_pos"][start:end], "index": ctx["index"][start:end]}
 
     def scores(self, q, k, ctx, layer, attn):
-        rel = ctx["rel"].to(q.dtype)
-        h, dh = self.n_heads, self.head_dim
-        pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
-        pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
+        state = ctx.get("step_state")  # decoding with a cache: the projections do not change between steps
+        key = ("deberta_pos", layer, q.dtype)
+        if state is not None and key in state:
+            pos_q, pos_k = state[key]
+        else:
+            rel = ctx["rel"].to(q.dtype)
+            h, dh = self.n_heads, self.head_dim
+            pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
+            pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
+            if state is not None:
+                state[key] = pos_q, pos_k
         return disentangled_scores(q, k, pos_q, pos_k, ctx["index"])
 
     def extra_repr(self):

@@ -93,6 +93,9 @@ class DecoderCache:
     def __init__(self, num_layers: int):
         self.layers = [{"self": {}, "cross": {}} for _ in range(num_layers)]
         self.offset = 0
+        #: what a position scheme may keep from one decoding step to the next (projected relative
+        #: tables that depend only on its parameters and distances); the same for every batch row
+        self.scheme_state: dict = {}
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep batch rows ``index`` (beam search)."""
@@ -233,6 +236,8 @@ class Seq2SeqTransformer(nn.Module):
         k_pos = torch.arange(0, offset + t, device=tgt.device)
         x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)
         ctx = self.dec_pos.prepare(q_pos, k_pos)
+        if cache is not None:
+            ctx["step_state"] = cache.scheme_state
         for i, layer in enumerate(self.decoder):
             c = cache.layers[i] if cache is not None else None
             x = layer(x, memory, tgt_key_padding_mask, memory_key_padding_mask, self.dec_pos, ctx, i, c)

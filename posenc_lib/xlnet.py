@@ -91,9 +91,29 @@ class XLNetRelative(PositionScheme):
         r = ctx["R"][first : first + (end - start) + lk - 1]
         return {**ctx, "q_pos": ctx["q_pos"][start:end], "R": r}
 
+    def _decoding_r(self, state: dict, layer: int, k_len: int, dtype) -> torch.Tensor:
+        """Projected ``R`` for distances ``k_len - 1, ..., 0`` (one cached decoding step), kept across steps.
+
+        The table holds distances ``0, 1, ...`` projected once; it is extended (doubled) only when
+        a step needs a longer distance, instead of projecting ``k_len`` rows at every step.
+        """
+        key = ("xlnet_r", layer, dtype)
+        table = state.get(key)
+        if table is None or table.shape[0] < k_len:
+            n = max(2 * k_len, 32)
+            distances = torch.arange(n, device=self.r_proj.device)
+            table = xlnet_sinusoid(distances, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)
+            state[key] = table
+        return table[:k_len].flip(0)
+
     def scores(self, q, k, ctx, layer, attn):
         b, h, lq, dh = q.shape
-        r = (ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)).view(-1, h, dh).transpose(0, 1)  # (H, P, dh)
+        state = ctx.get("step_state")
+        if state is not None and lq == 1:  # a cached decoding step: distances k_len - 1, ..., 0
+            r = self._decoding_r(state, layer, k.shape[2], q.dtype)
+        else:
+            r = ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)
+        r = r.view(-1, h, dh).transpose(0, 1)  # (H, P, dh)
         content_bias = torch.einsum("hd,bhjd->bhj", self.u[layer].to(q.dtype), k)[:, :, None, :]
         bd = (q + self.v[layer].to(q.dtype)[None, :, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, P)
         return content_bias + rel_shift(bd, k.shape[2])
