@@ -36,6 +36,14 @@ def _f(x, nd=2) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
+def _provenance(doc: dict) -> str:
+    """Which run a part comes from (parts can be re-run separately): date, threads, load at start."""
+    m = doc["machine"]
+    load = m.get("load_average_at_start")
+    load_txt = f", load average {load[0]:.1f} at start" if load else ""
+    return f"*Measured {doc.get('created', '?')[:16].replace('T', ' ')} UTC, {m['torch_threads']} torch thread{'s' if m['torch_threads'] != 1 else ''}{load_txt}.*"
+
+
 def render_table(res: dict) -> str:
     lines = ["# Cost of each positional encoding", ""]
     any_part = next(iter(res.values()), None)
@@ -58,6 +66,7 @@ def render_table(res: dict) -> str:
         head = "| scheme | " + " | ".join(f"L={L}" for L in lengths) + " | target at L=256 |"
         lines += ["## Training step (forward + backward), ratio to `none`", "", head,
                   "|---|" + "---|" * len(lengths) + "---|"]  # fmt: skip
+        lines[-2:-2] = [_provenance(res["train"]), ""]
         for pe in schemes:
             cells = [_f(tr[L][pe]["ratio"]) for L in lengths]
             t = TARGETS_256.get(pe)
@@ -72,17 +81,20 @@ def render_table(res: dict) -> str:
     if "memory" in res:
         mr = res["memory"]["results"]
         lines += [f"## Peak memory of a training step at L={mr['length']} ({mr['measure']}), one process per scheme",
-                  "", "| scheme | peak MiB | ratio | step MiB | step ratio |", "|---|---|---|---|---|"]  # fmt: skip
+                  "", _provenance(res["memory"]), "",
+                  "| scheme | peak MiB | ratio | step MiB | step ratio |", "|---|---|---|---|---|"]  # fmt: skip
         for pe, r in mr["schemes"].items():
             if "error" in r:
                 lines.append(f"| {pe} | failed: {r['error']} | | | |")
                 continue
             lines.append(f"| {pe} | {r['peak_mb']:.0f} | {_f(r.get('ratio_peak'))} | {r['step_mb']:.0f} | {_f(r.get('ratio_step'))} |")
-        lines += ["", f"Target: shaw peak ratio <= {TARGET_SHAW_MEMORY}. `step` = peak minus the memory held before the first step.", ""]
+        lines += ["", f"Target: peak ratio <= {TARGET_SHAW_MEMORY} for every scheme. `step` = peak minus the memory held "
+                  "before the first step.", ""]
     if "decode" in res:
         dr = res["decode"]["results"]["schemes"]
         c = res["decode"]["config"]
         lines += [f"## Greedy decoding, {c['decode_new_tokens']} new tokens, batch {c['decode_batch']}", "",
+                  _provenance(res["decode"]), "",
                   "| scheme | cache speed-up | cached, ratio to `none` | uncached, ratio to `none` | tokens identical |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for pe, r in dr.items():

@@ -57,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, help="training batch size")
     p.add_argument("--repeats", type=int, help="timed repeats per figure (median reported)")
     p.add_argument("--decode-repeats", type=int, help="timed repeats per decoding figure")
+    p.add_argument("--decode-batch", type=int, help="batch size of the decoding benchmark (default 32)")
     p.add_argument("--warmup", type=int, help="untimed warm-up runs per scheme")
     p.add_argument("--dropout", type=float, help="dropout of the model in the training benchmark")
     p.add_argument("--threads", type=int, default=available_cores(), help="torch threads (default: available cores)")
@@ -74,10 +75,10 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
     over = {
         "lengths": a.lengths, "memory_length": a.memory_length, "batch": a.batch, "repeats": a.repeats,
-        "decode_repeats": a.decode_repeats, "warmup": a.warmup, "dropout": a.dropout,
+        "decode_repeats": a.decode_repeats, "decode_batch": a.decode_batch, "warmup": a.warmup, "dropout": a.dropout,
     }  # fmt: skip
     over = {k: v for k, v in over.items() if v is not None}
-    for k in ("memory_length", "batch", "repeats", "decode_repeats"):
+    for k in ("memory_length", "batch", "repeats", "decode_repeats", "decode_batch"):
         if k in over and over[k] <= 0:
             raise ValueError(f"--{k.replace('_', '-')} must be a positive integer, got {over[k]}")
     if "warmup" in over and over["warmup"] < 0:
