@@ -31,6 +31,21 @@ def test_readme_cost_table_matches_benchmark_results():
         assert decode[pe]["identical"], pe
 
 
+def test_readme_quotes_the_blocked_attention_run_at_1024():
+    """The prose after the cost table quotes benchmarks/results/train_L1024_blocks.json."""
+    doc = json.loads((RESULTS / "train_L1024_blocks.json").read_text())
+    res = doc["results"]["lengths"]["1024"]
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = " ".join(text.split("## What each scheme costs", 1)[1].split("\n## ", 1)[0].split())
+    assert f"`none` {res['none']['median_s']:.1f} s per step" in section
+    for pe in ("shaw", "t5", "xlnet", "deberta"):
+        assert f"{pe} {res[pe]['ratio']:.2f}×" in section, pe
+    goals = {"t5": 1.3, "shaw": 1.6, "deberta": 1.8, "xlnet": 2.0}
+    met = [pe for pe, g in goals.items() if res[pe]["ratio"] <= g]
+    assert met == ["xlnet"] and "only xlnet's is met" in section
+    assert doc["machine"]["torch_threads"] == 1 and "--threads 1" in section
+
+
 WMT14 = ROOT / "results" / "wmt14-cpu" / "results.json"
 # README column -> (test set, metric, decimals) as summarised by posenc_lib.wmt14.summarize
 WMT14_COLUMNS = [("heldout", "bleu", 1), ("heldout", "shuffled", 1), ("heldout", "chrf", 1),
