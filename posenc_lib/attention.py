@@ -335,7 +335,13 @@ class MultiHeadAttention(nn.Module):
             return out, probs
 
         blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias)
-        if blocks is None:
+        if _flex_wanted(pos, want_weights, p_drop, q_len):
+            from .flex import flex_attend
+
+            out, probs, blocks = flex_attend(pos, q, k, v, ctx, layer, self, scale, allowed), None, []
+        if blocks == []:
+            pass
+        elif blocks is None:
             out, probs = attend(q, allowed, bias, ctx)
         else:
             probs = None
@@ -401,6 +407,15 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     cache["v_buf"][:, :, n : n + new] = v
     cache["len"] = n + new
     return cache["k_buf"][:, :, : n + new], cache["v_buf"][:, :, : n + new]
+
+
+def _flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:
+    """FlexAttention for a score-modifying scheme, only when switched on (``POSENC_FLEX=1``, see flex.py)."""
+    if pos is None or want_weights or p_drop or q_len == 1 or not (pos.adds_scores or pos.adds_bias):
+        return False
+    from .flex import use_flex
+
+    return use_flex()
 
 
 def _rows(t: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:

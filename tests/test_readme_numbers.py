@@ -46,6 +46,18 @@ def test_readme_quotes_the_blocked_attention_run_at_1024():
     assert doc["machine"]["torch_threads"] == 1 and "--threads 1" in section
 
 
+def test_readme_decoding_claims_match_the_results():
+    doc = json.loads((RESULTS / "decode.json").read_text())
+    res = doc["results"]["schemes"]
+    section = " ".join((ROOT / "README.md").read_text(encoding="utf-8")
+                       .split("## What each scheme costs", 1)[1].split("\n## ", 1)[0].split())
+    batch = doc["config"]["decode_batch"]
+    assert f"(64 new tokens, batch {batch}) gave identical tokens for every scheme" in section
+    assert all(r["identical"] for r in res.values())
+    low = min(r["speedup"] for r in res.values())
+    assert f"at least {low:.1f}× faster for every scheme" in section and low >= 5.0
+
+
 WMT14 = ROOT / "results" / "wmt14-cpu" / "results.json"
 # README column -> (test set, metric, decimals) as summarised by posenc_lib.wmt14.summarize
 WMT14_COLUMNS = [("heldout", "bleu", 1), ("heldout", "shuffled", 1), ("heldout", "chrf", 1),
