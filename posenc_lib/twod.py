@@ -26,7 +26,7 @@ from .rotary import apply_rope
 from .sinusoidal import sinusoidal_table_2d
 from .utils import check_even, check_positive_int
 
-__all__ = ["grid_positions", "sinusoidal_table_2d", "relative_offsets_2d", "RelativeBias2D", "axial_rope"]
+__all__ = ["grid_positions", "relative_offsets_2d", "RelativeBias2D", "axial_rope"]
 
 
 def grid_positions(height: int, width: int) -> torch.Tensor:
