@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import posenc_lib.train as train_mod
+from test_wmt14 import tiny_profile  # one tiny profile for both WMT14 test files
 import posenc_lib.utils as utils_mod
 from posenc_lib.data import load_wmt14, read_parallel
 from posenc_lib.train import (
@@ -55,13 +56,6 @@ def tiny_dir(tmp_path: Path, n_train: int = 300, short_tests: bool = False) -> P
         (d / f"{split}.fr").write_text("\n".join(fr) + "\n", encoding="utf-8")
         (d / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
     return d
-
-
-def tiny_profile(**kw):
-    base = dict(vocab_size=300, max_train_pairs=None, max_steps=8, log_every=2, val_every=4, ckpt_every=4,
-                val_pairs=8, eval_limit=6, bertscore=False, bootstrap_samples=20, batch_tokens=300)
-    base.update(kw)
-    return get_profile("smoke", base)
 
 
 def quiet(msg):
