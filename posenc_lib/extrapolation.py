@@ -57,6 +57,7 @@ Command line::
     python -m posenc_lib.extrapolation --profile smoke
     python -m posenc_lib.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
     python -m posenc_lib.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
+    python -m posenc_lib.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ from .model import Seq2SeqTransformer, build_model
 from .schemes import PE_TYPES, canonical_pe
 from .utils import (
     CliParser, atomic_write_json, check_choice, check_divides, check_float_range, check_int_range,
-    check_positive_int, set_seed,
+    check_positive_int, read_json, set_seed,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -655,7 +656,7 @@ def pending(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
         for seed in seeds:
             path = result_path(out, pe, seed)
             if path.exists():
-                rec = json.loads(path.read_text())
+                rec = read_json(path)
                 if rec.get("config") != want:
                     raise ValueError(
                         f"{path} was made with a different configuration (profile {rec.get('profile')!r}); "
@@ -701,7 +702,7 @@ def load_results(out: str | Path) -> list[dict[str, Any]]:
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"no results folder {out}")
-    recs = [json.loads(p.read_text()) for p in sorted(out.glob("*_seed*.json"))]
+    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
     for r in recs:
         check_record(r)
     return sorted(recs, key=lambda r: (RUN_ORDER.index(r["pe"]), r["seed"]))
@@ -834,10 +835,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--arch", choices=ARCHS, default="encdec", help="encoder-decoder (default) or decoder-only LM")
     p.add_argument("--task", choices=TASKS, default=None, help="override the profile's task")
     p.add_argument("--unanchored", action="store_true", help="no </s> at the end of the source")
+    p.add_argument("--lr", type=float, default=None, help="override the profile's peak learning rate (a sweep)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     a = p.parse_args(argv)
-    cfg = replace(PROFILES[a.profile], arch=a.arch, anchored=PROFILES[a.profile].anchored and not a.unanchored,
-                  task=a.task or PROFILES[a.profile].task)  # fmt: skip
+    base = PROFILES[a.profile]
+    try:
+        cfg = replace(base, arch=a.arch, anchored=base.anchored and not a.unanchored, task=a.task or base.task,
+                      lr=base.lr if a.lr is None else a.lr)  # fmt: skip
+    except (TypeError, ValueError) as err:
+        p.error(f"--lr: {err}")
     try:
         pes = all_runs(cfg.arch) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
     except (TypeError, ValueError) as err:

