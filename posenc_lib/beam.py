@@ -61,14 +61,15 @@ def beam_search(
     """Decode ``src (B, S)``; returns the best hypothesis per row, ``(B, <= max_new_tokens + 1)``.
 
     Each row starts with ``bos_id``, ends with ``eos_id`` if the hypothesis finished, and is
-    right-padded with ``pad_id`` (default: the model's).
+    right-padded with ``pad_id`` (default: the model's); all three are token ids in ``[0, vocab_size)``.
     """
     check_token_tensor("src", src)
     k = check_positive_int("beam", beam)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
-    for name, tok in (("bos_id", bos_id), ("eos_id", eos_id)):
+    ids = (("bos_id", bos_id), ("eos_id", eos_id)) + ((("pad_id", pad_id),) if pad_id is not None else ())
+    for name, tok in ids:
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < model.vocab_size:
             raise ValueError(f"{name} must be a token id in 0..{model.vocab_size - 1} (vocab_size={model.vocab_size}), "
                              f"got {tok!r}")  # fmt: skip

@@ -17,13 +17,30 @@ Taught in notebooks/06_rope.ipynb (the cache) and used by notebooks/12.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .model import Seq2SeqTransformer
-from .utils import check_int_range, check_positive_int, check_token_tensor
+from .utils import check_positive_int, check_token_tensor
 
 #: on an accelerator, decoding loops check "has every row finished?" once per this many steps
 SYNC_EVERY = 8
+
+
+def check_token_id(name: str, value, vocab_size: int) -> int:
+    """``value`` if it is a token id of a vocabulary of ``vocab_size``, i.e. an int in ``[0, vocab_size)``.
+
+    A non-integer is a ``TypeError``, an id outside the vocabulary a ``ValueError``; both name
+    the argument, the value and the valid range.
+    """
+    allowed = f"an integer in [0, {vocab_size - 1}]"
+    detail = f"a token id in [0, vocab_size) with vocab_size={vocab_size}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__}): {detail}")
+    if not 0 <= value < vocab_size:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}: {detail}")
+    return int(value)
 
 
 def sync_every(device: torch.device) -> int:
@@ -48,13 +65,14 @@ def greedy_decode(
     Rows that produced ``eos_id`` are filled with ``pad_id`` (default: the
     model's) afterwards; decoding stops early once every row has finished.
     ``eos_id=None``: no token ends a row, exactly ``max_new_tokens`` are decoded.
+    ``bos_id``, ``eos_id`` and ``pad_id`` must be token ids of the model, in ``[0, vocab_size)``.
     """
     check_token_tensor("src", src)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-    check_int_range("bos_id", bos_id, 0, model.vocab_size - 1)
+    check_token_id("bos_id", bos_id, model.vocab_size)
     if eos_id is not None:  # None: no end token, always decode max_new_tokens (benchmarks)
-        check_int_range("eos_id", eos_id, 0, model.vocab_size - 1)
-    pad_id = model.pad_id if pad_id is None else pad_id
+        check_token_id("eos_id", eos_id, model.vocab_size)
+    pad_id = model.pad_id if pad_id is None else check_token_id("pad_id", pad_id, model.vocab_size)
     was_training = model.training
     model.eval()
     try:

@@ -32,6 +32,13 @@ from .utils import (
 )
 
 
+def _check_bool(name: str, value) -> bool:
+    """``value`` if it is ``True`` or ``False``; anything else (``"no"``, ``1``, ``None``) is a ``TypeError``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, dim_feedforward: int, dropout: float):
         super().__init__(
@@ -137,6 +144,8 @@ class Seq2SeqTransformer(nn.Module):
         check_positive_int("dim_feedforward", dim_feedforward)
         check_float_range("dropout", dropout, 0.0, 1.0, high_open=True)
         self.pad_id = check_int_range("pad_id", pad_id, 0, self.vocab_size - 1)
+        norm_first = _check_bool("norm_first", norm_first)
+        tie_embeddings = _check_bool("tie_embeddings", tie_embeddings)
         self.pe_options = dict(pe_options)
         self.enc_pos: PositionScheme = make_scheme(self.pe, d_model, n_heads, num_layers, causal=False, **pe_options)
         self.dec_pos: PositionScheme = make_scheme(
@@ -264,7 +273,19 @@ class Seq2SeqTransformer(nn.Module):
         )
 
     def loss(self, src, tgt_in, tgt_out, *, label_smoothing: float = 0.0, **masks) -> torch.Tensor:
-        """Mean cross-entropy over non-pad target tokens."""
+        """Mean cross-entropy over non-pad target tokens.
+
+        A batch whose ``tgt_out`` is nothing but padding has no token to average over (the mean
+        would be NaN) and is a ``ValueError``: every target the course builds ends with EOS, so
+        such a batch is a bug in the caller.  The check reads ``tgt_out`` and so runs on CPU
+        tensors only; on an accelerator it would stall the device at every step.
+        """
+        check_token_tensor("tgt_out", tgt_out)
+        if on_host(tgt_out) and not bool((tgt_out != self.pad_id).any()):
+            raise ValueError(
+                f"no target tokens: every target position is padding (pad_id={self.pad_id}) in tgt_out of shape "
+                f"{tuple(tgt_out.shape)}, so the mean loss over its tokens is undefined"
+            )
         logits = self(src, tgt_in, **masks)
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), tgt_out.reshape(-1),

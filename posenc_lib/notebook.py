@@ -12,12 +12,48 @@ colour maps, readable sizes).
 """
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 
+#: torch threads of a lesson that does not ask for a count (fewer on a machine with fewer cores)
+DEFAULT_THREADS = 2
 
-def setup(seed: int = 0, threads: int | None = 2) -> None:
-    """Seed, quiet and style a notebook session. Safe to call more than once."""
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the platform reports one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _thread_count(threads) -> int | None:
+    """The torch thread count for ``setup(threads=...)``; see :func:`setup`."""
+    if threads is None:
+        return None
+    cores = available_cores()
+    if isinstance(threads, str) and threads == "auto":
+        return min(DEFAULT_THREADS, cores)
+    if isinstance(threads, bool) or not isinstance(threads, numbers.Integral):
+        raise TypeError(f"threads must be an integer >= 1, 'auto' or None, got {threads!r} ({type(threads).__name__})")
+    if threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, 'auto' or None, got {threads!r}")
+    if threads > cores:
+        warnings.warn(f"setup(threads={threads}) asks for more threads than the {cores} available core(s); "
+                      f"using {cores}", stacklevel=3)  # fmt: skip
+        return cores
+    return int(threads)
+
+
+def setup(seed: int = 0, threads: int | str | None = "auto") -> None:
+    """Seed, quiet and style a notebook session. Safe to call more than once.
+
+    ``threads``: torch's CPU thread count.  ``"auto"`` (the default) uses
+    :data:`DEFAULT_THREADS`, or every core if there are fewer; an integer >= 1 asks
+    for that many, and more than the available cores warns and uses the cores;
+    ``None`` leaves torch's setting alone.
+    """
+    n_threads = _thread_count(threads)  # before anything changes: a bad value leaves the session as it was
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -30,8 +66,8 @@ def setup(seed: int = 0, threads: int | None = 2) -> None:
 
     from .utils import set_seed
 
-    if threads is not None:
-        torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+    if n_threads is not None:
+        torch.set_num_threads(n_threads)
     set_seed(seed)
     matplotlib.rcParams.update(
         {
