@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from posenc_lib import PE_TYPES, build_model, set_seed
+from posenc_lib.utils import available_cores
 from posenc_lib.shaw import ShawRelative
 from posenc_lib.utils import check_divides, check_float_range, check_int_range
 
@@ -107,13 +108,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def machine_info(device: str = "cpu") -> dict:

@@ -16,15 +16,10 @@ import numbers
 import os
 import warnings
 
+from .utils import available_cores
+
 #: torch threads of a lesson that does not ask for a count (fewer on a machine with fewer cores)
 DEFAULT_THREADS = 2
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity where the platform reports one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def _thread_count(threads) -> int | None:

@@ -22,6 +22,13 @@ import numpy as np
 import torch
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the platform reports one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def set_seed(seed: int) -> None:
     """Seed Python's ``random``, NumPy and PyTorch (CPU and every GPU).
 

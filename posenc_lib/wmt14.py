@@ -44,7 +44,9 @@ from .schemes import PE_TYPES, canonical_pe
 from .tokenizer import get_tokenizer
 from .train import (PROFILES, Profile, barrier, cuda_bf16_native, dist_info, get_profile, resolve_precision,
                     train_model)
-from .utils import CliParser, atomic_torch_save, atomic_write_json, atomic_write_text, check_choice, read_json
+from .utils import (
+    CliParser, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores, check_choice, read_json,
+)
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -380,7 +382,7 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+        threads = threads or max(1, available_cores() // jobs)
         log(f"{len(todo)} models, {jobs} at a time ({threads} CPU thread(s) each) on {device}")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, pe, seed, ctx, threads) for pe, seed in todo]

@@ -121,3 +121,19 @@ def test_readme_wmt14_prose_matches_results():
     assert "p ≤ 0.001 on seed 0" in section and len(none_rows) == 3 and all(r["bleu_p"] <= 0.001 for r in none_rows)
     worst_aware = min(r["tests"]["heldout"]["bleu"] for pe in aware for r in models[pe].values())
     assert worst_aware > max(r["tests"]["heldout"]["bleu"] for r in models["none"].values())  # "for every seed"
+
+
+def test_lesson_11_course_run_cost_matches_the_result_files():
+    """README and lesson 11 quote the summed training time of the committed three-seed course run."""
+    course = ROOT / "results" / "extrapolation_course"
+    secs = {arch: sum(json.loads(p.read_text())["train"]["seconds"] for p in (course / arch).glob("*_seed*.json"))
+            for arch in ("encdec", "decoder")}  # fmt: skip
+    models = sum(len(list((course / arch).glob("*_seed*.json"))) for arch in secs)
+    assert models == 75
+    minutes = round(sum(secs.values()) / 60, -1)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"all {models} models (3 seeds) took {minutes:.0f} min of single-thread training" in readme
+    nb = json.loads((ROOT / "notebooks" / "11_length_extrapolation.ipynb").read_text(encoding="utf-8"))
+    text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert f"All {models} models" in text and f"took {minutes:.0f} minutes of single-thread training" in text
+    assert f"({secs['encdec']:.0f} s and {secs['decoder']:.0f} s, summed from the result files)" in text
