@@ -710,7 +710,7 @@ def load_results(out: str | Path) -> list[dict[str, Any]]:
 
 def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") -> dict[str, dict[str, list]]:
     """Per scheme: ``lengths``, ``mean``, ``min``, ``max`` over seeds, ``seeds`` and ``representable``."""
-    check_choice("metric", metric, ("exact_match", "token_accuracy"))
+    check_choice("metric", metric, ("exact_match", "token_accuracy", "tf_token_accuracy"))
     by_pe: dict[str, list] = {}
     for r in records:
         by_pe.setdefault(r["pe"], []).append(r)
