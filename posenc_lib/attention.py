@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from . import cpu_flash
 from .utils import check_divides
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
@@ -64,6 +65,12 @@ from .utils import check_divides
 #: backward pass instead of kept).  Memory then holds one block of scores, not all of them.
 #: ``None`` turns blocking off.  2**24 elements = 64 MiB of float32 scores per block.
 BLOCK_ELEMENTS: int | None = 2**24
+
+#: On CPU (float32, no dropout) an attention call that runs in blocks uses the fused kernel instead of
+#: written-out scores: score terms and bias enter it as a float mask whose gradient
+#: :mod:`posenc_lib.cpu_flash` computes (Shaw's value term is rebuilt from the kernel's row
+#: log-sum-exp).  Same function, same gradients; ``False`` keeps the explicit blocks everywhere.
+CPU_FLASH: bool = True
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -334,11 +341,30 @@ class MultiHeadAttention(nn.Module):
                 out = out + pos.values(probs_d, ctx, layer)
             return out, probs
 
+        def attend_flash(q, allowed, bias, ctx):
+            """As ``attend``, in the fused CPU kernel: score terms, bias and masks enter as one float mask."""
+            extra = pos.scores(q, k, ctx, layer, self) if pos.adds_scores else None
+            mask = extra.float().mul_(scale) if extra is not None else None
+            if bias is not None:
+                mask = bias.float() if mask is None else mask.add_(bias)
+            if allowed is not None:
+                mask = mask.masked_fill(~allowed, float("-inf"))
+            return cpu_flash.flash_attention(q, k, v, mask, scale)
+
         blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias)
         if _flex_wanted(pos, want_weights, p_drop, q_len):
             from .flex import flex_attend
 
             out, probs, blocks = flex_attend(pos, q, k, v, ctx, layer, self, scale, allowed), None, []
+        elif blocks is not None and _cpu_flash_wanted(pos, q, p_drop):
+            probs = None
+            shared = not pos.adds_scores and (allowed is None or allowed.shape[0] == 1)
+            if pos.adds_values:  # the scheme computes its value term from the kernel's lse itself
+                out, blocks = pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks), []
+            elif shared:  # a bias shared over the batch: one fused call, its gradient summed block by block
+                out, blocks = attend_flash(q, allowed, bias, ctx), []
+            else:
+                attend = lambda *a: (attend_flash(*a), None)  # noqa: E731 (the blocks below, fused)
         if blocks == []:
             pass
         elif blocks is None:
@@ -407,6 +433,14 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     cache["v_buf"][:, :, n : n + new] = v
     cache["len"] = n + new
     return cache["k_buf"][:, :, : n + new], cache["v_buf"][:, :, : n + new]
+
+
+def _cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float) -> bool:
+    """The fused CPU path for a blocked call (see :data:`CPU_FLASH`): a score or bias scheme; one with a
+    value term only when it brings its own ``fused_cpu_attention`` (Shaw) and no bias."""
+    if not (CPU_FLASH and pos is not None and (pos.adds_scores or pos.adds_bias) and cpu_flash.supported(q, p_drop)):
+        return False
+    return not pos.adds_values or (hasattr(pos, "fused_cpu_attention") and not pos.adds_bias)
 
 
 def _flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:

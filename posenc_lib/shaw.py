@@ -208,5 +208,12 @@ class ShawRelative(PositionScheme):
     def values(self, probs, ctx, layer):
         return shaw_value_term(probs, self.table_v[layer], ctx["index"], ctx.get("plan"))
 
+    def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
+        """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.cpu_flash`)."""
+        from . import cpu_flash
+
+        parts = [(start, end, self.query_slice(ctx, start, end)["plan"]) for start, end in blocks]
+        return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], allowed, scale, parts)
+
     def extra_repr(self):
         return f"causal={self.causal}, max_relative_position={self.max_relative_position}"

@@ -23,7 +23,6 @@ Taught in notebooks/08_transformer_xl_xlnet.ipynb.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import PositionScheme, on_host
@@ -43,16 +42,17 @@ def rel_shift(x: torch.Tensor, k_len: int) -> torch.Tensor:
     """Relative shift: ``x (..., Lq, P)`` with column ``p`` = distance ``dmax - p`` -> ``(..., Lq, k_len)``.
 
     Requires ``P = Lq + k_len - 1`` distances in descending order, ``dmax`` being
-    the distance of the last query to the first key.  Output ``[i, j] = x[i, j + Lq - 1 - i]``:
-    pad a zero column on the left, view as ``(P + 1, Lq)``, drop the first row,
-    view back as ``(Lq, P)``.
+    the distance of the last query to the first key.  Output ``[i, j] = x[i, j + Lq - 1 - i]``.
+    Transformer-XL gets it by padding a zero column on the left, viewing the result as
+    ``(P + 1, Lq)``, dropping the first row and viewing back as ``(Lq, P)``; the same elements
+    are a strided *view* of ``x`` (no copy): start at column ``Lq - 1`` of row 0 and step
+    ``P - 1`` elements per row, one fewer than a row holds, so each row starts one column further left.
     """
     *lead, lq, p = x.shape
     if p != lq + k_len - 1:
         raise ValueError(f"rel_shift needs Lq + k_len - 1 = {lq + k_len - 1} distance columns, got {p}")
-    x = F.pad(x, (1, 0))  # (..., Lq, P + 1)
-    x = x.reshape(*lead, p + 1, lq)[..., 1:, :]
-    return x.reshape(*lead, lq, p)[..., :k_len]
+    x = x.contiguous()
+    return x.as_strided((*lead, lq, k_len), (*x.stride()[:-2], p - 1, 1), x.storage_offset() + lq - 1)
 
 
 def _is_arange(pos: torch.Tensor) -> bool:

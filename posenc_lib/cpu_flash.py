@@ -1,0 +1,188 @@
+"""Fused CPU attention whose additive score term gets a gradient.
+
+PyTorch's fused CPU kernel (``scaled_dot_product_attention``'s flash path) accepts a float
+``attn_mask`` that is added to the scaled scores, but treats it as a constant: a mask that needs a
+gradient (T5's learned bias; the content-dependent score terms of Shaw, Transformer-XL and DeBERTa,
+passed in as a mask) sends SDPA to its math path, which writes out every score and weight and keeps
+them for the backward pass.  :func:`flash_attention` keeps the fused kernel for the forward pass and
+for the gradients of ``q``, ``k`` and ``v``, and adds the one gradient the kernel does not give:
+
+    dM = dS = P * (dP - D),   P = exp(q k^T * scale + M - lse),   dP = dO v^T,   D = rowsum(dO * O)
+
+(the softmax backward, with the kernel's row log-sum-exp ``lse`` standing in for the stored
+weights).  It is computed over blocks of query rows in two reusable buffers, so memory holds one
+block of scores, never all of them.  Two matrix products give both terms of each block with no
+extra pass: ``[q * scale, -lse] @ [k, 1]^T = q k^T * scale - lse`` and
+``[dO, -D] @ [v, 1]^T = dP - D``.  Where the mask is shared over the batch (a bias), its gradient
+is summed over the batch block by block.
+
+Only for float32 CPU tensors without dropout (:func:`supported`); the attention module falls back to
+its explicit path otherwise.  On a GPU the same job is FlexAttention's (see ``flex.py``).
+"""
+from __future__ import annotations
+
+import torch
+
+#: query rows per block are chosen so that one block of scores holds at most this many elements
+WORKSPACE_ELEMENTS = 2**24
+
+
+def supported(q: torch.Tensor, dropout_p: float) -> bool:
+    """True when :func:`flash_attention` can run: a float32 CPU tensor, no dropout, no autocast."""
+    return (
+        q.device.type == "cpu" and q.dtype == torch.float32 and dropout_p == 0.0
+        and not torch.is_autocast_enabled("cpu") and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    )  # fmt: skip
+
+
+def _aug(x: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """``x (..., n, d)`` with ``col (..., n)`` appended as column ``d``."""
+    return torch.cat([x, col.unsqueeze(-1).to(x.dtype)], dim=-1)
+
+
+def mask_gradient(q, k, v, mask, dout, out, lse, scale: float) -> torch.Tensor:
+    """``dL/dmask`` of attention with the additive float ``mask``, reduced to ``mask``'s shape."""
+    b, h, q_len, _ = q.shape
+    k_len = k.shape[2]
+    ones = k.new_ones(k.shape[:-1])
+    d_row = (dout * out).sum(-1)  # D = rowsum(dO * O)
+    qa, ka_t = _aug(q * scale, -lse), _aug(k, ones).transpose(-1, -2).contiguous()
+    da, va_t = _aug(dout, -d_row), _aug(v, ones).transpose(-1, -2).contiguous()
+    rows = max(1, min(q_len, WORKSPACE_ELEMENTS // max(1, b * h * k_len)))
+    reduce_dims = [i for i in (0, 1) if mask.shape[i] == 1 and (b, h)[i] > 1]  # a mask shared over batch/heads
+    dmask = mask.new_empty(mask.shape)
+    ds_buf = q.new_empty(b, h, rows, k_len)
+    p_buf = q.new_empty(b, h, rows, k_len) if reduce_dims else None  # else P is built in dmask itself
+    for start in range(0, q_len, rows):
+        end = min(start + rows, q_len)
+        p = p_buf[:, :, : end - start] if reduce_dims else dmask[:, :, start:end]
+        ds = ds_buf[:, :, : end - start]
+        torch.matmul(qa[:, :, start:end], ka_t, out=p)  # q k^T * scale - lse
+        p.add_(mask[:, :, start:end]).exp_()  # the attention weights P
+        torch.matmul(da[:, :, start:end], va_t, out=ds)  # dP - D
+        if reduce_dims:
+            dmask[:, :, start:end] = ds.mul_(p).sum(dim=reduce_dims, keepdim=True)
+        else:
+            p.mul_(ds)  # dS, in place of P in dmask
+    return dmask
+
+
+class _FlashWithMaskGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        dout = dout.contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale
+        )
+        dmask = mask_gradient(q, k, v, mask, dout, out, lse, ctx.scale) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dmask, None
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+    """``softmax(q k^T * scale + mask) v`` in the fused CPU kernel, with a gradient for ``mask``.
+
+    ``q: (batch, heads, q_len, d)``, ``k, v: (batch, heads, k_len, d)``; ``mask``: float32
+    ``(batch or 1, heads or 1, q_len, k_len)``, ``-inf`` where a key is not allowed (no row may be
+    all ``-inf``).
+    """
+    b, h, q_len, _ = q.shape
+    if mask.dim() != 4 or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h) or mask.shape[2:] != (q_len, k.shape[2]):
+        raise ValueError(f"mask must have shape (1 or {b}, 1 or {h}, {q_len}, {k.shape[2]}), got {tuple(mask.shape)}")
+    return _FlashWithMaskGrad.apply(q, k, v, mask.contiguous(), scale)
+
+
+# -- Shaw et al.: a key term in the mask, a value term from the weights --------------------------------
+class _ShawFlash(torch.autograd.Function):
+    """Shaw et al.'s attention over query blocks: the fused kernel for ``softmax(q (k + a^K)^T) v``, the
+    value term ``sum_j P_ij a^V_ij`` from weights rebuilt with the kernel's ``lse``, and a written-out
+    backward pass that rebuilds each block's weights once (no second forward pass)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table_k, table_v, allowed, scale, blocks):
+        from .shaw import _sum_per_row
+
+        b, h, q_len, d = q.shape
+        k_len = k.shape[2]
+        rows = max(end - start for start, end, _ in blocks)
+        m_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
+        out, lse = torch.empty_like(q), q.new_empty(b, h, q_len)
+        k_t = k.transpose(-1, -2)
+        for start, end, plan in blocks:
+            q_b, m, p = q[:, :, start:end], m_buf[:, :, : end - start], p_buf[:, :, : end - start]
+            _shaw_mask(q_b, table_k, plan, _block_rows(allowed, start, end), scale, out=m)
+            o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q_b, k, v, 0.0, False, attn_mask=m, scale=scale
+            )
+            torch.matmul(q_b, k_t, out=p)
+            p.mul_(scale).add_(m).sub_(l.unsqueeze(-1)).exp_()  # the weights P of the block
+            out[:, :, start:end] = o + _sum_per_row(p, plan) @ table_v
+            lse[:, :, start:end] = l
+        ctx.save_for_backward(q, k, v, table_k, table_v, out, lse)
+        ctx.allowed, ctx.scale, ctx.blocks = allowed, scale, blocks
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        from .shaw import _gather_rows, _sum_per_row
+
+        q, k, v, table_k, table_v, out, lse = ctx.saved_tensors
+        scale, blocks = ctx.scale, ctx.blocks
+        b, h, q_len, d = q.shape
+        k_len, rows_t = k.shape[2], table_k.shape[0]
+        rows = max(end - start for start, end, _ in blocks)
+        m_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dtable_k, dtable_v = torch.zeros_like(table_k), torch.zeros_like(table_v)
+        k_t, v_t = k.transpose(-1, -2), v.transpose(-1, -2)
+        d_row = (dout * out).sum(-1, keepdim=True)  # D = rowsum(dO * O), O with the value term
+        for start, end, plan in blocks:
+            q_b, do_b = q[:, :, start:end], dout[:, :, start:end]
+            m, p = m_buf[:, :, : end - start], p_buf[:, :, : end - start]
+            _shaw_mask(q_b, table_k, plan, _block_rows(ctx.allowed, start, end), scale, out=m)
+            torch.matmul(q_b, k_t, out=p)
+            p.mul_(scale).add_(m).sub_(lse[:, :, start:end].unsqueeze(-1)).exp_()  # P again
+            dv.add_(p.transpose(-1, -2) @ do_b)
+            dtable_v.add_(_sum_per_row(p, plan).reshape(-1, rows_t).t() @ do_b.reshape(-1, d))
+            ds = torch.matmul(do_b, v_t, out=m)  # dP = dO v^T + dO . a^V (m's buffer is free again)
+            ds.add_(_gather_rows(do_b @ table_v.t(), plan)).sub_(d_row[:, :, start:end]).mul_(p).mul_(scale)
+            per_row = _sum_per_row(ds, plan)  # dS summed per clipped distance
+            dq[:, :, start:end] = ds @ k + per_row @ table_k
+            dk.add_(ds.transpose(-1, -2) @ q_b)
+            dtable_k.add_(per_row.reshape(-1, rows_t).t() @ q_b.reshape(-1, d))
+        return dq, dk, dv, dtable_k, dtable_v, None, None, None
+
+
+def _block_rows(allowed: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
+    if allowed is None or allowed.shape[-2] == 1:
+        return allowed
+    return allowed[..., start:end, :]
+
+
+def _shaw_mask(q_b, table_k, plan, allowed, scale: float, *, out: torch.Tensor) -> torch.Tensor:
+    """``scale * q . a^K_ij`` for the block, ``-inf`` where not allowed, written into ``out``."""
+    b, h, n, _ = q_b.shape
+    torch.gather(q_b @ table_k.t(), -1, plan.index.expand(b, h, n, plan.index.shape[1]), out=out)
+    out.mul_(scale)
+    if allowed is not None:
+        out.masked_fill_(~allowed, float("-inf"))
+    return out
+
+
+def shaw_attention(q, k, v, table_k, table_v, allowed, scale: float, blocks) -> torch.Tensor:
+    """Shaw et al.'s attention (key and value terms) in the fused CPU kernel, over query ``blocks``.
+
+    ``table_k, table_v: (2k+1, d)`` for this layer; ``blocks``: ``(start, end, plan)`` with the
+    :class:`~posenc_lib.shaw.ShawPlan` of each block's rows; ``allowed``: boolean mask broadcastable
+    to ``(batch, 1, q_len, k_len)`` or ``None``.  Same function and gradients as the explicit path.
+    """
+    return _ShawFlash.apply(q, k, v, table_k, table_v, allowed, scale, blocks)

@@ -1,0 +1,101 @@
+"""The fused CPU attention with a gradient for its float mask (posenc_lib.cpu_flash) equals the written-out
+softmax, forward and backward, for every mask shape it accepts, with -inf entries; the attention module
+uses it for blocked calls of the score and bias schemes and gives the same loss and gradients."""
+import pytest
+import torch
+
+from posenc_lib import attention, build_model, cpu_flash, set_seed
+
+
+def _explicit(q, k, v, mask, scale):
+    return torch.softmax(q @ k.transpose(-1, -2) * scale + mask, dim=-1) @ v
+
+
+@pytest.mark.parametrize("mask_batch,mask_heads", [(1, 3), (2, 3), (2, 1), (1, 1)])
+def test_equals_the_explicit_softmax_with_gradients(mask_batch, mask_heads):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, 7, 5, generator=g, requires_grad=True)
+    k = torch.randn(2, 3, 9, 5, generator=g, requires_grad=True)
+    v = torch.randn(2, 3, 9, 5, generator=g, requires_grad=True)
+    mask = torch.randn(mask_batch, mask_heads, 7, 9, generator=g)
+    mask[..., 0, 3] = float("-inf")  # a key not allowed for query 0
+    mask[..., 4, :8] = float("-inf")  # query 4 may see only the last key
+    mask.requires_grad_()
+    d_out = torch.randn(2, 3, 7, 5, generator=g)
+    results = []
+    for fn in (_explicit, cpu_flash.flash_attention):
+        for t in (q, k, v, mask):
+            t.grad = None
+        out = fn(q, k, v, mask, 0.37)
+        out.backward(d_out)
+        results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, mask)])
+    for name, ref, got in zip(("out", "dq", "dk", "dv", "dmask"), *results):
+        torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5, msg=name)
+    assert results[1][4].shape == mask.shape
+    assert (results[1][4][..., 0, 3] == 0).all()  # a masked entry gets no gradient
+
+
+@pytest.mark.parametrize("mask_batch", [1, 2])
+def test_small_workspace_gives_the_same_mask_gradient(mask_batch, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 10, 4, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.randn(mask_batch, 2, 10, 10, generator=g, requires_grad=True)
+    grads = []
+    for elements in (2**24, 2 * 2 * 3 * 10):  # one block, then blocks of 3 query rows
+        monkeypatch.setattr(cpu_flash, "WORKSPACE_ELEMENTS", elements)
+        mask.grad = None
+        cpu_flash.flash_attention(q, k, v, mask, 0.5).sum().backward()
+        grads.append(mask.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_bad_mask_shape_is_named():
+    q = k = v = torch.zeros(2, 3, 4, 5)
+    with pytest.raises(ValueError, match=r"mask must have shape \(1 or 2, 1 or 3, 4, 4\), got \(3, 4\)"):
+        cpu_flash.flash_attention(q, k, v, torch.zeros(3, 4), 1.0)
+    with pytest.raises(ValueError, match="got \\(2, 3, 4, 5\\)"):
+        cpu_flash.flash_attention(q, k, v, torch.zeros(2, 3, 4, 5), 1.0)
+
+
+def test_supported_only_for_float32_cpu_without_dropout():
+    x = torch.zeros(1, 1, 2, 2)
+    assert cpu_flash.supported(x, 0.0)
+    assert not cpu_flash.supported(x, 0.1)
+    assert not cpu_flash.supported(x.double(), 0.0)
+    assert not cpu_flash.supported(x.bfloat16(), 0.0)
+
+
+@pytest.mark.parametrize("pe", ["t5", "xlnet", "deberta", "shaw"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, monkeypatch):
+    set_seed(0)
+    model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 12), generator=g)
+    pads = {}
+    if padded:
+        src_pad = torch.zeros(3, 13, dtype=torch.bool)
+        src_pad[0, 9:] = True
+        pads = dict(src_key_padding_mask=src_pad)
+    calls = []
+    real = cpu_flash.flash_attention
+    monkeypatch.setattr(cpu_flash, "flash_attention", lambda *a: calls.append(a[3].shape) or real(*a))
+    shaw_calls = []
+    real_shaw = cpu_flash.shaw_attention
+    monkeypatch.setattr(cpu_flash, "shaw_attention", lambda *a: shaw_calls.append(len(a[-1])) or real_shaw(*a))
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 3 * 4 * 4 * 13)  # blocks of 4 query rows
+    results = {}
+    for fused in (False, True):
+        monkeypatch.setattr(attention, "CPU_FLASH", fused)
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss.backward()
+        results[fused] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        assert bool(calls) == (fused and pe != "shaw")  # Shaw: its own fused function, with its value term
+        assert bool(shaw_calls) == (fused and pe == "shaw") and all(n >= 3 for n in shaw_calls)
+    torch.testing.assert_close(results[True][0], results[False][0], atol=1e-6, rtol=1e-5)
+    assert results[True][1].keys() == results[False][1].keys()
+    for name, grad in results[False][1].items():
+        torch.testing.assert_close(results[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    if pe == "t5" and not padded:  # a bias shared over the batch: one fused call per layer, not per block
+        assert all(shape[0] == 1 and shape[2] == 13 for shape in calls if shape[2] == 13)
