@@ -135,6 +135,7 @@ class ShawNaive(ShawRelative):
     """
 
     name = NAIVE_SHAW
+    fused_cpu_attention = None  # the textbook tables everywhere: no fused CPU path (posenc_lib/cpu_flash.py)
 
     def scores(self, q, k, ctx, layer, attn):
         a_k = self.table_k[layer].to(q.dtype)[ctx["index"]]  # (Lq, Lk, d)

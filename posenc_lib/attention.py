@@ -440,7 +440,7 @@ def _cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float) -> bool:
     value term only when it brings its own ``fused_cpu_attention`` (Shaw) and no bias."""
     if not (CPU_FLASH and pos is not None and (pos.adds_scores or pos.adds_bias) and cpu_flash.supported(q, p_drop)):
         return False
-    return not pos.adds_values or (hasattr(pos, "fused_cpu_attention") and not pos.adds_bias)
+    return not pos.adds_values or (getattr(pos, "fused_cpu_attention", None) is not None and not pos.adds_bias)
 
 
 def _flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:

@@ -116,49 +116,56 @@ class _ShawFlash(torch.autograd.Function):
         rows = max(end - start for start, end, _ in blocks)
         m_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
         out, lse = torch.empty_like(q), q.new_empty(b, h, q_len)
-        k_t = k.transpose(-1, -2)
+        per_row = q.new_empty(b, h, q_len, table_v.shape[0])  # attention mass per clipped distance
+        qs = q * scale
+        ka_t = _aug(k, k.new_ones(k.shape[:-1])).transpose(-1, -2).contiguous()
         for start, end, plan in blocks:
-            q_b, m, p = q[:, :, start:end], m_buf[:, :, : end - start], p_buf[:, :, : end - start]
-            _shaw_mask(q_b, table_k, plan, _block_rows(allowed, start, end), scale, out=m)
+            m, p = m_buf[:, :, : end - start], p_buf[:, :, : end - start]
+            _shaw_mask(qs[:, :, start:end], table_k, plan, _block_rows(allowed, start, end), out=m)
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q_b, k, v, 0.0, False, attn_mask=m, scale=scale
+                q[:, :, start:end], k, v, 0.0, False, attn_mask=m, scale=scale
             )
-            torch.matmul(q_b, k_t, out=p)
-            p.mul_(scale).add_(m).sub_(l.unsqueeze(-1)).exp_()  # the weights P of the block
-            out[:, :, start:end] = o + _sum_per_row(p, plan) @ table_v
+            torch.matmul(_aug(qs[:, :, start:end], -l), ka_t, out=p)  # q k^T * scale - lse
+            p.add_(m).exp_()  # the weights P of the block
+            per_row[:, :, start:end] = _sum_per_row(p, plan)
+            out[:, :, start:end] = o + per_row[:, :, start:end] @ table_v
             lse[:, :, start:end] = l
-        ctx.save_for_backward(q, k, v, table_k, table_v, out, lse)
+        ctx.save_for_backward(q, k, v, table_k, table_v, out, lse, per_row)
         ctx.allowed, ctx.scale, ctx.blocks = allowed, scale, blocks
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        from .shaw import _gather_rows, _sum_per_row
+        from .shaw import _sum_per_row
 
-        q, k, v, table_k, table_v, out, lse = ctx.saved_tensors
+        q, k, v, table_k, table_v, out, lse, mass = ctx.saved_tensors
         scale, blocks = ctx.scale, ctx.blocks
         b, h, q_len, d = q.shape
         k_len, rows_t = k.shape[2], table_k.shape[0]
         rows = max(end - start for start, end, _ in blocks)
-        m_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
+        m_buf, p_buf, g_buf = (q.new_empty(b, h, rows, k_len) for _ in range(3))
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        dtable_k, dtable_v = torch.zeros_like(table_k), torch.zeros_like(table_v)
-        k_t, v_t = k.transpose(-1, -2), v.transpose(-1, -2)
-        d_row = (dout * out).sum(-1, keepdim=True)  # D = rowsum(dO * O), O with the value term
+        dout = dout.contiguous()
+        qs = q * scale
+        ones = k.new_ones(k.shape[:-1])
+        ka_t, va_t = _aug(k, ones).transpose(-1, -2).contiguous(), _aug(v, ones).transpose(-1, -2).contiguous()
+        qa, da = _aug(qs, -lse), _aug(dout, -(dout * out).sum(-1))  # D = rowsum(dO * O), O with the value term
+        dtable_v = mass.reshape(-1, rows_t).t() @ dout.reshape(-1, d)
+        dtable_k = torch.zeros_like(table_k)
         for start, end, plan in blocks:
-            q_b, do_b = q[:, :, start:end], dout[:, :, start:end]
-            m, p = m_buf[:, :, : end - start], p_buf[:, :, : end - start]
-            _shaw_mask(q_b, table_k, plan, _block_rows(ctx.allowed, start, end), scale, out=m)
-            torch.matmul(q_b, k_t, out=p)
-            p.mul_(scale).add_(m).sub_(lse[:, :, start:end].unsqueeze(-1)).exp_()  # P again
+            qs_b, do_b = qs[:, :, start:end], dout[:, :, start:end]
+            m, p, g = m_buf[:, :, : end - start], p_buf[:, :, : end - start], g_buf[:, :, : end - start]
+            _shaw_mask(qs_b, table_k, plan, _block_rows(ctx.allowed, start, end), out=m)
+            torch.matmul(qa[:, :, start:end], ka_t, out=p)
+            p.add_(m).exp_()  # P again
             dv.add_(p.transpose(-1, -2) @ do_b)
-            dtable_v.add_(_sum_per_row(p, plan).reshape(-1, rows_t).t() @ do_b.reshape(-1, d))
-            ds = torch.matmul(do_b, v_t, out=m)  # dP = dO v^T + dO . a^V (m's buffer is free again)
-            ds.add_(_gather_rows(do_b @ table_v.t(), plan)).sub_(d_row[:, :, start:end]).mul_(p).mul_(scale)
-            per_row = _sum_per_row(ds, plan)  # dS summed per clipped distance
-            dq[:, :, start:end] = ds @ k + per_row @ table_k
-            dk.add_(ds.transpose(-1, -2) @ q_b)
-            dtable_k.add_(per_row.reshape(-1, rows_t).t() @ q_b.reshape(-1, d))
+            torch.matmul(da[:, :, start:end], va_t, out=m)  # dO v^T - D (m's buffer is free again)
+            torch.gather(do_b @ table_v.t(), -1, plan.index.expand(m.shape), out=g)  # dO . a^V_ij
+            ds = m.add_(g).mul_(p)  # dS / scale
+            per_row = _sum_per_row(ds, plan)  # summed per clipped distance
+            dq[:, :, start:end] = (ds @ k).add_(per_row @ table_k).mul_(scale)
+            dk.add_(ds.transpose(-1, -2) @ qs_b)
+            dtable_k.add_(per_row.reshape(-1, rows_t).t() @ qs_b.reshape(-1, d))
         return dq, dk, dv, dtable_k, dtable_v, None, None, None
 
 
@@ -168,11 +175,10 @@ def _block_rows(allowed: torch.Tensor | None, start: int, end: int) -> torch.Ten
     return allowed[..., start:end, :]
 
 
-def _shaw_mask(q_b, table_k, plan, allowed, scale: float, *, out: torch.Tensor) -> torch.Tensor:
-    """``scale * q . a^K_ij`` for the block, ``-inf`` where not allowed, written into ``out``."""
-    b, h, n, _ = q_b.shape
-    torch.gather(q_b @ table_k.t(), -1, plan.index.expand(b, h, n, plan.index.shape[1]), out=out)
-    out.mul_(scale)
+def _shaw_mask(qs_b, table_k, plan, allowed, *, out: torch.Tensor) -> torch.Tensor:
+    """``qs . a^K_ij`` (``qs``: the block's queries times the scale), ``-inf`` where not allowed, into ``out``."""
+    b, h, n, _ = qs_b.shape
+    torch.gather(qs_b @ table_k.t(), -1, plan.index.expand(b, h, n, plan.index.shape[1]), out=out)
     if allowed is not None:
         out.masked_fill_(~allowed, float("-inf"))
     return out

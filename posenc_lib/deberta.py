@@ -71,9 +71,12 @@ def disentangled_scores(q, k, pos_q, pos_k, index):
     """
     b, h, lq, _ = q.shape
     lk = k.shape[2]
-    c2p = (q @ pos_k.transpose(-1, -2)).gather(-1, index.expand(b, h, lq, lk))
-    p2c = (k @ pos_q.transpose(-1, -2)).gather(-1, index.t().expand(b, h, lk, lq)).transpose(-1, -2)
-    return c2p + p2c
+    idx = index.expand(b, h, lq, lk)
+    c2p = (q @ pos_k.transpose(-1, -2)).gather(-1, idx)  # c2p[i, j] = q_i . pos_k[index_ij]
+    # p2c[i, j] = k_j . pos_q[index_ij]: gather the (B, H, 2k, Lk) products along the bucket axis, which
+    # writes the (Lq, Lk) layout directly (no transposed copy)
+    p2c = (pos_q @ k.transpose(-1, -2)).gather(-2, idx)
+    return c2p.add_(p2c)
 
 
 class DebertaDisentangled(PositionScheme):

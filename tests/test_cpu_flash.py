@@ -99,3 +99,13 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, monk
         torch.testing.assert_close(results[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
     if pe == "t5" and not padded:  # a bias shared over the batch: one fused call per layer, not per block
         assert all(shape[0] == 1 and shape[2] == 13 for shape in calls if shape[2] == 13)
+
+
+def test_the_naive_shaw_contrast_keeps_the_explicit_path():
+    from benchmarks.common import ShawNaive
+    from posenc_lib.shaw import ShawRelative
+
+    q = torch.zeros(1, 4, 2, 8)
+    assert attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)
+    assert not attention._cpu_flash_wanted(ShawNaive(32, 4, 1), q, 0.0)
+    assert not attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.1)  # dropout: explicit
