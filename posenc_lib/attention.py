@@ -46,6 +46,7 @@ Taught across notebooks/05-10; the module is the common ground of them all.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -361,6 +362,14 @@ class MultiHeadAttention(nn.Module):
             shared = not pos.adds_scores and (allowed is None or allowed.shape[0] == 1)
             if pos.adds_values:  # the scheme computes its value term from the kernel's lse itself
                 out, blocks = pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks), []
+            elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
+                outs = []
+                for start, end in blocks:
+                    ctx_b = pos.query_slice(ctx, start, end)
+                    build = functools.partial(_mask_from_parts, pos, ctx_b, scale, _rows(allowed, start, end))
+                    parts = pos.score_parts(q, ctx_b, layer, self)
+                    outs.append(cpu_flash.flash_scores(q[:, :, start:end], k, v, scale, build, *parts))
+                out, blocks = torch.cat(outs, dim=2), []
             elif shared:  # a bias shared over the batch: one fused call, its gradient summed block by block
                 out, blocks = attend_flash(q, allowed, bias, ctx), []
             else:
@@ -433,6 +442,12 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     cache["v_buf"][:, :, n : n + new] = v
     cache["len"] = n + new
     return cache["k_buf"][:, :, : n + new], cache["v_buf"][:, :, : n + new]
+
+
+def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts) -> torch.Tensor:
+    """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not allowed."""
+    mask = pos.scores_from_parts(q, k, parts, ctx).float().mul_(scale)
+    return mask if allowed is None else mask.masked_fill(~allowed, float("-inf"))
 
 
 def _cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float) -> bool:

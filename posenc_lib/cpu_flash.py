@@ -192,3 +192,49 @@ def shaw_attention(q, k, v, table_k, table_v, allowed, scale: float, blocks) -> 
     to ``(batch, 1, q_len, k_len)`` or ``None``.  Same function and gradients as the explicit path.
     """
     return _ShawFlash.apply(q, k, v, table_k, table_v, allowed, scale, blocks)
+
+
+# -- score terms built from small parts: rebuilt in the backward pass, no second forward --------------------
+class _FlashScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, build, *parts):
+        with torch.no_grad():
+            mask = build(q, k, *parts)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, *parts)
+        ctx.scale, ctx.build = scale, build
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, *parts = ctx.saved_tensors
+        dout = dout.contiguous()
+        needs = [True, True] + list(ctx.needs_input_grad[5:])
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(need) for t, need in zip([q, k, *parts], needs)]
+            mask = ctx.build(*leaves)  # the block's mask again, now with its graph
+        m = mask.detach()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, False, attn_mask=m, scale=ctx.scale
+        )
+        dm = mask_gradient(q, k, v, m, dout, out, lse, ctx.scale)
+        wanted = [t for t in leaves if t.requires_grad]
+        grads = iter(torch.autograd.grad(mask, wanted, dm, allow_unused=True))
+        g = [next(grads) if t.requires_grad else None for t in leaves]
+        dq = dq if g[0] is None else dq + g[0]
+        dk = dk if g[1] is None else dk + g[1]
+        return (dq, dk, dv, None, None, *g[2:])
+
+
+def flash_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, build, *parts: torch.Tensor):
+    """``softmax(q k^T * scale + build(q, k, *parts)) v`` in the fused CPU kernel, with gradients for
+    ``q``, ``k``, ``v`` and ``parts``.
+
+    ``build`` returns the float32 mask ``(batch or 1, heads or 1, q_len, k_len)`` from ``q``, ``k`` and the
+    small tensors ``parts`` (a scheme's projected relative tables); it runs without gradients in the
+    forward pass and again with them in the backward pass, so only ``parts`` are kept, not the mask and
+    not a second forward pass of the kernel (which ``torch.utils.checkpoint`` would repeat).
+    """
+    return _FlashScores.apply(q, k, v, scale, build, *parts)

@@ -114,13 +114,21 @@ class DebertaDisentangled(PositionScheme):
         if state is not None and key in state:
             pos_q, pos_k = state[key]
         else:
-            rel = ctx["rel"].to(q.dtype)
-            h, dh = self.n_heads, self.head_dim
-            pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
-            pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
+            pos_q, pos_k = self.score_parts(q, ctx, layer, attn)
             if state is not None:
                 state[key] = pos_q, pos_k
         return disentangled_scores(q, k, pos_q, pos_k, ctx["index"])
+
+    def score_parts(self, q, ctx, layer, attn):
+        """What the score terms are built from: the relative embeddings through this layer's q and k projections."""
+        rel = ctx["rel"].to(q.dtype)
+        h, dh = self.n_heads, self.head_dim
+        pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
+        pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
+        return pos_q, pos_k
+
+    def scores_from_parts(self, q, k, parts, ctx):
+        return disentangled_scores(q, k, *parts, ctx["index"])
 
     def extra_repr(self):
         return (

@@ -113,9 +113,18 @@ class XLNetRelative(PositionScheme):
             r = self._decoding_r(state, layer, k.shape[2], q.dtype)
         else:
             r = ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)
+        return self.scores_from_parts(q, k, (r, self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)), ctx)
+
+    def score_parts(self, q, ctx, layer, attn):
+        """What the score terms are built from: the projected distances ``R W_r`` and the biases ``u``, ``v``."""
+        return ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype), self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)
+
+    def scores_from_parts(self, q, k, parts, ctx):
+        r, u, v = parts
+        h, dh = q.shape[1], q.shape[3]
         r = r.view(-1, h, dh).transpose(0, 1)  # (H, P, dh)
-        content_bias = torch.einsum("hd,bhjd->bhj", self.u[layer].to(q.dtype), k)[:, :, None, :]
-        bd = (q + self.v[layer].to(q.dtype)[None, :, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, P)
+        content_bias = torch.einsum("hd,bhjd->bhj", u, k)[:, :, None, :]
+        bd = (q + v[None, :, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, P)
         return content_bias + rel_shift(bd, k.shape[2])
 
     def extra_repr(self):
