@@ -68,12 +68,9 @@ def beam_search(
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
-    ids = (("bos_id", bos_id), ("eos_id", eos_id)) + ((("pad_id", pad_id),) if pad_id is not None else ())
-    for name, tok in ids:
-        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < model.vocab_size:
-            raise ValueError(f"{name} must be a token id in 0..{model.vocab_size - 1} (vocab_size={model.vocab_size}), "
-                             f"got {tok!r}")  # fmt: skip
-    pad_id = model.pad_id if pad_id is None else pad_id
+    bos_id = decoding.check_token_id("bos_id", bos_id, model.vocab_size)  # the same checks and words as greedy
+    eos_id = decoding.check_token_id("eos_id", eos_id, model.vocab_size)
+    pad_id = model.pad_id if pad_id is None else decoding.check_token_id("pad_id", pad_id, model.vocab_size)
     was_training = model.training
     model.eval()
     try:

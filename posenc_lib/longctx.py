@@ -251,6 +251,11 @@ class CausalLM(nn.Module):
 
     def loss(self, windows: torch.Tensor) -> torch.Tensor:
         """Mean next-character cross-entropy (nats) of ``windows (batch, T + 1)``."""
+        if windows.dim() != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
+            raise ValueError(
+                f"windows must be (batch >= 1, T + 1 >= 2) token ids, got shape {tuple(windows.shape)}: "
+                "with no window or no next character the mean loss is undefined"
+            )
         logits = self(windows[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
 

@@ -102,10 +102,13 @@ def test_greedy_decode_pad_id_of_the_wrong_type(bad):
 @pytest.mark.parametrize("bad", [V, -1, "0"])
 @pytest.mark.parametrize("name", ["pad_id", "bos_id", "eos_id"])
 def test_beam_search_ids_outside_the_vocabulary(name, bad):
+    """Beam search refuses bad token ids with the same errors and words as greedy decoding."""
     ids = dict(bos_id=1, eos_id=2, pad_id=0) | {name: bad}
-    with pytest.raises(ValueError, match=rf"{name} must be a token id in 0\.\.{V - 1} \(vocab_size={V}\), "
-                                         rf"got {re.escape(repr(bad))}"):  # fmt: skip
+    error = TypeError if isinstance(bad, str) else ValueError
+    with pytest.raises(error, match=rf"{name} must be an integer in \[0, {V - 1}\], got {re.escape(repr(bad))}"):
         beam_search(_model(), SRC, max_new_tokens=3, beam=2, **ids)
+    with pytest.raises(error, match=rf"{name} must be an integer in \[0, {V - 1}\], got {re.escape(repr(bad))}"):
+        greedy_decode(_model(), SRC, max_new_tokens=3, **ids)
 
 
 def test_decoders_fill_finished_rows_with_a_valid_pad_id():
@@ -191,3 +194,13 @@ def test_every_lesson_sets_up_without_a_warning_even_on_one_core(monkeypatch, ke
                 warnings.simplefilter("error")
                 eval(call, {"setup": notebook.setup})  # noqa: S307 -- the lesson's own line
             assert 1 <= torch.get_num_threads() <= cores, name
+
+
+@pytest.mark.parametrize("shape", [(0, 9), (2, 1), (8,)])
+def test_causal_lm_loss_refuses_windows_without_a_next_character(shape):
+    from posenc_lib.longctx import CausalLM
+
+    lm = CausalLM(20, "rope", d_model=16, n_heads=2, num_layers=1, dim_feedforward=32)
+    with pytest.raises(ValueError, match=r"windows must be \(batch >= 1, T \+ 1 >= 2\).*got shape"):
+        lm.loss(torch.zeros(shape, dtype=torch.long))
+    assert torch.isfinite(lm.loss(torch.randint(0, 20, (2, 5))))  # the smallest valid batch has a finite loss
