@@ -23,7 +23,9 @@ from what the scheme declares (``adds_bias``, ``adds_scores``, ``adds_values``;
 derived from the hooks it overrides): without score or value terms the module
 calls ``torch.nn.functional.scaled_dot_product_attention`` (the fused kernel),
 with the bias and masks folded into one float ``attn_mask``; otherwise it
-computes the softmax explicitly.  A causal self-attention with nothing to mask
+computes the softmax explicitly.  Long inputs run over blocks of queries (:data:`BLOCK_ELEMENTS`),
+and on CPU those blocks go back to the fused kernel with the position terms as a float mask
+(:data:`CPU_FLASH`, :mod:`posenc_lib.cpu_flash`).  A causal self-attention with nothing to mask
 but the future (no padding, no bias) passes ``is_causal=True`` and *no* mask,
 the only form the flash kernels on a GPU accept.
 
