@@ -108,20 +108,20 @@ class _ShawFlash(torch.autograd.Function):
     backward pass that rebuilds each block's weights once (no second forward pass)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, table_k, table_v, allowed, scale, blocks):
+    def forward(ctx, q, k, v, table_k, table_v, scale, blocks):
         from .shaw import _sum_per_row
 
         b, h, q_len, d = q.shape
         k_len = k.shape[2]
-        rows = max(end - start for start, end, _ in blocks)
+        rows = max(end - start for start, end, _, _ in blocks)
         m_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
         out, lse = torch.empty_like(q), q.new_empty(b, h, q_len)
         per_row = q.new_empty(b, h, q_len, table_v.shape[0])  # attention mass per clipped distance
         qs = q * scale
         ka_t = _aug(k, k.new_ones(k.shape[:-1])).transpose(-1, -2).contiguous()
-        for start, end, plan in blocks:
+        for start, end, plan, allowed in blocks:
             m, p = m_buf[:, :, : end - start], p_buf[:, :, : end - start]
-            _shaw_mask(qs[:, :, start:end], table_k, plan, _block_rows(allowed, start, end), out=m)
+            _shaw_mask(qs[:, :, start:end], table_k, plan, allowed, out=m)
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q[:, :, start:end], k, v, 0.0, False, attn_mask=m, scale=scale
             )
@@ -131,7 +131,7 @@ class _ShawFlash(torch.autograd.Function):
             out[:, :, start:end] = o + per_row[:, :, start:end] @ table_v
             lse[:, :, start:end] = l
         ctx.save_for_backward(q, k, v, table_k, table_v, out, lse, per_row)
-        ctx.allowed, ctx.scale, ctx.blocks = allowed, scale, blocks
+        ctx.scale, ctx.blocks = scale, blocks
         return out
 
     @staticmethod
@@ -142,7 +142,7 @@ class _ShawFlash(torch.autograd.Function):
         scale, blocks = ctx.scale, ctx.blocks
         b, h, q_len, d = q.shape
         k_len, rows_t = k.shape[2], table_k.shape[0]
-        rows = max(end - start for start, end, _ in blocks)
+        rows = max(end - start for start, end, _, _ in blocks)
         m_buf, p_buf, g_buf = (q.new_empty(b, h, rows, k_len) for _ in range(3))
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dout = dout.contiguous()
@@ -152,10 +152,10 @@ class _ShawFlash(torch.autograd.Function):
         qa, da = _aug(qs, -lse), _aug(dout, -(dout * out).sum(-1))  # D = rowsum(dO * O), O with the value term
         dtable_v = mass.reshape(-1, rows_t).t() @ dout.reshape(-1, d)
         dtable_k = torch.zeros_like(table_k)
-        for start, end, plan in blocks:
+        for start, end, plan, allowed in blocks:
             qs_b, do_b = qs[:, :, start:end], dout[:, :, start:end]
             m, p, g = m_buf[:, :, : end - start], p_buf[:, :, : end - start], g_buf[:, :, : end - start]
-            _shaw_mask(qs_b, table_k, plan, _block_rows(ctx.allowed, start, end), out=m)
+            _shaw_mask(qs_b, table_k, plan, allowed, out=m)
             torch.matmul(qa[:, :, start:end], ka_t, out=p)
             p.add_(m).exp_()  # P again
             dv.add_(p.transpose(-1, -2) @ do_b)
@@ -166,13 +166,7 @@ class _ShawFlash(torch.autograd.Function):
             dq[:, :, start:end] = (ds @ k).add_(per_row @ table_k).mul_(scale)
             dk.add_(ds.transpose(-1, -2) @ qs_b)
             dtable_k.add_(per_row.reshape(-1, rows_t).t() @ qs_b.reshape(-1, d))
-        return dq, dk, dv, dtable_k, dtable_v, None, None, None
-
-
-def _block_rows(allowed: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:
-    if allowed is None or allowed.shape[-2] == 1:
-        return allowed
-    return allowed[..., start:end, :]
+        return dq, dk, dv, dtable_k, dtable_v, None, None
 
 
 def _shaw_mask(qs_b, table_k, plan, allowed, *, out: torch.Tensor) -> torch.Tensor:
@@ -184,14 +178,14 @@ def _shaw_mask(qs_b, table_k, plan, allowed, *, out: torch.Tensor) -> torch.Tens
     return out
 
 
-def shaw_attention(q, k, v, table_k, table_v, allowed, scale: float, blocks) -> torch.Tensor:
+def shaw_attention(q, k, v, table_k, table_v, scale: float, blocks) -> torch.Tensor:
     """Shaw et al.'s attention (key and value terms) in the fused CPU kernel, over query ``blocks``.
 
-    ``table_k, table_v: (2k+1, d)`` for this layer; ``blocks``: ``(start, end, plan)`` with the
-    :class:`~posenc_lib.shaw.ShawPlan` of each block's rows; ``allowed``: boolean mask broadcastable
-    to ``(batch, 1, q_len, k_len)`` or ``None``.  Same function and gradients as the explicit path.
+    ``table_k, table_v: (2k+1, d)`` for this layer; ``blocks``: ``(start, end, plan, allowed)`` with the
+    :class:`~posenc_lib.shaw.ShawPlan` of each block's rows and its boolean mask (broadcastable to
+    ``(batch, 1, end - start, k_len)``) or ``None``.  Same function and gradients as the explicit path.
     """
-    return _ShawFlash.apply(q, k, v, table_k, table_v, allowed, scale, blocks)
+    return _ShawFlash.apply(q, k, v, table_k, table_v, scale, blocks)
 
 
 # -- score terms built from small parts: rebuilt in the backward pass, no second forward --------------------

@@ -211,9 +211,10 @@ class ShawRelative(PositionScheme):
     def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
         """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.cpu_flash`)."""
         from . import cpu_flash
+        from .attention import _rows
 
-        parts = [(start, end, self.query_slice(ctx, start, end)["plan"]) for start, end in blocks]
-        return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], allowed, scale, parts)
+        parts = [(start, end, self.query_slice(ctx, start, end)["plan"], _rows(allowed, start, end)) for start, end in blocks]
+        return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], scale, parts)
 
     def extra_repr(self):
         return f"causal={self.causal}, max_relative_position={self.max_relative_position}"

@@ -169,3 +169,15 @@ def test_readme_reads_the_time_goals_across_two_runs():
     assert "read t5 and shaw as at their goals, xlnet and deberta as short of theirs" in section
     times = train["none"]["times_s"]
     assert f"the three repeats of `none` spanned {min(times):.1f}–{max(times):.1f} s" in section
+
+
+def test_lesson_10_uses_the_benchmark_goals():
+    """Lesson 10's cost cell writes the L = 1024 goals out; they must be the suite's own."""
+    import ast
+
+    from benchmarks.report import TARGETS_1024
+
+    cells = json.loads((ROOT / "notebooks" / "10_alibi.ipynb").read_text(encoding="utf-8"))["cells"]
+    lines = [line for c in cells for line in "".join(c["source"]).splitlines() if line.startswith("goals = {")]
+    assert len(lines) == 1
+    assert ast.literal_eval(lines[0].split("=", 1)[1].split("#", 1)[0].strip()) == TARGETS_1024
