@@ -161,6 +161,12 @@ class PositionScheme(nn.Module):
         """
         return {**ctx, "q_pos": ctx["q_pos"][start:end]}
 
+    def key_slice(self, ctx: dict, k_end: int) -> dict | None:
+        """The context of ``ctx`` (one query block's) for keys ``0:k_end`` only, or ``None`` if the scheme
+        cannot drop keys.  A causal block needs no key after its last query: its score terms are built
+        for those keys alone (:func:`_last_key`)."""
+        return None
+
     # -- facts for the comparison table ------------------------------------------------------
     @property
     def fused(self) -> bool:
@@ -367,10 +373,17 @@ class MultiHeadAttention(nn.Module):
             elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
                 outs = []
                 for start, end in blocks:
-                    ctx_b = pos.query_slice(ctx, start, end)
-                    build = functools.partial(_mask_from_parts, pos, ctx_b, scale, _rows(allowed, start, end))
+                    ctx_b, rows = pos.query_slice(ctx, start, end), _rows(allowed, start, end)
+                    k_end = _last_key(rows, k_len)  # keys after it are masked for every row of the block
+                    trimmed = pos.key_slice(ctx_b, k_end) if k_end < k_len else None
+                    if trimmed is None:
+                        k_end = k_len
+                    else:
+                        ctx_b, rows = trimmed, rows[..., :k_end]
+                    build = functools.partial(_mask_from_parts, pos, ctx_b, scale, rows)
                     parts = pos.score_parts(q, ctx_b, layer, self)
-                    outs.append(cpu_flash.flash_scores(q[:, :, start:end], k, v, scale, build, *parts))
+                    kb, vb = k[:, :, :k_end], v[:, :, :k_end]
+                    outs.append(cpu_flash.flash_scores(q[:, :, start:end], kb, vb, scale, build, *parts))
                 out, blocks = torch.cat(outs, dim=2), []
             elif shared:  # a bias shared over the batch: one fused call, its gradient summed block by block
                 out, blocks = attend_flash(q, allowed, bias, ctx), []
@@ -448,8 +461,8 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
 
 def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts) -> torch.Tensor:
     """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not allowed."""
-    mask = pos.scores_from_parts(q, k, parts, ctx).float().mul_(scale)
-    return mask if allowed is None else mask.masked_fill(~allowed, float("-inf"))
+    mask = pos.scores_from_parts(q, k, parts, ctx, scale=scale).float()  # a fresh tensor: filled in place
+    return mask if allowed is None else mask.masked_fill_(~allowed, float("-inf"))
 
 
 def _cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float) -> bool:
@@ -467,6 +480,15 @@ def _flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:
     from .flex import use_flex
 
     return use_flex()
+
+
+def _last_key(allowed: torch.Tensor | None, k_len: int) -> int:
+    """One past the last key that any row of the boolean ``allowed (..., rows, k_len)`` may see
+    (``k_len`` when nothing is masked); read on the host, for the CPU path only."""
+    if allowed is None or allowed.shape[-1] != k_len:
+        return k_len
+    seen = allowed.reshape(-1, k_len).any(0).nonzero()
+    return int(seen[-1]) + 1 if seen.numel() else k_len
 
 
 def _rows(t: torch.Tensor | None, start: int, end: int) -> torch.Tensor | None:

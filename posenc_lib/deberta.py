@@ -108,6 +108,9 @@ class DebertaDisentangled(PositionScheme):
     def query_slice(self, ctx, start, end):
         return {**ctx, "q_pos": ctx["q_pos"][start:end], "index": ctx["index"][start:end]}
 
+    def key_slice(self, ctx, k_end):
+        return {**ctx, "k_pos": ctx["k_pos"][:k_end], "index": ctx["index"][:, :k_end]}
+
     def scores(self, q, k, ctx, layer, attn):
         state = ctx.get("step_state")  # decoding with a cache: the projections do not change between steps
         key = ("deberta_pos", layer, q.dtype)
@@ -127,8 +130,12 @@ class DebertaDisentangled(PositionScheme):
         pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
         return pos_q, pos_k
 
-    def scores_from_parts(self, q, k, parts, ctx):
-        return disentangled_scores(q, k, *parts, ctx["index"])
+    def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
+        """c2p + p2c from the projected tables ``parts``, times ``scale`` (applied to the tables)."""
+        pos_q, pos_k = parts
+        if scale != 1.0:
+            pos_q, pos_k = pos_q * scale, pos_k * scale
+        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"])
 
     def extra_repr(self):
         return (

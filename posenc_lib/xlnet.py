@@ -91,6 +91,12 @@ class XLNetRelative(PositionScheme):
         r = ctx["R"][first : first + (end - start) + lk - 1]
         return {**ctx, "q_pos": ctx["q_pos"][start:end], "R": r}
 
+    def key_slice(self, ctx, k_end):
+        # R of a block holds distances from its last query to key 0 down to its first query to the last
+        # key: dropping the keys after k_end drops the smallest distances, the rows at the end of R
+        n = ctx["q_pos"].numel() + k_end - 1
+        return {**ctx, "k_pos": ctx["k_pos"][:k_end], "R": ctx["R"][:n]}
+
     def _decoding_r(self, state: dict, layer: int, k_len: int, dtype) -> torch.Tensor:
         """Projected ``R`` for distances ``k_len - 1, ..., 0`` (one cached decoding step), kept across steps.
 
@@ -119,12 +125,16 @@ class XLNetRelative(PositionScheme):
         """What the score terms are built from: the projected distances ``R W_r`` and the biases ``u``, ``v``."""
         return ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype), self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)
 
-    def scores_from_parts(self, q, k, parts, ctx):
+    def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
+        """The score terms (c), (b)+(d) from ``parts``, times ``scale`` (applied to the small factors)."""
         r, u, v = parts
         h, dh = q.shape[1], q.shape[3]
         r = r.view(-1, h, dh).transpose(0, 1)  # (H, P, dh)
+        qv = q + v[None, :, None, :]
+        if scale != 1.0:
+            u, qv = u * scale, qv.mul_(scale)
         content_bias = torch.einsum("hd,bhjd->bhj", u, k)[:, :, None, :]
-        bd = (q + v[None, :, None, :]) @ r.transpose(-1, -2)  # (B, H, Lq, P)
+        bd = qv @ r.transpose(-1, -2)  # (B, H, Lq, P)
         return content_bias + rel_shift(bd, k.shape[2])
 
     def extra_repr(self):
