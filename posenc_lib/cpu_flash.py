@@ -112,20 +112,20 @@ class _ShawFlash(torch.autograd.Function):
         from .shaw import _sum_per_row
 
         b, h, q_len, d = q.shape
-        k_len = k.shape[2]
-        rows = max(end - start for start, end, _, _ in blocks)
-        m_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
+        size = max((end - start) * _keys(plan) for start, end, plan, _ in blocks)
+        m_flat, p_flat = q.new_empty(b * h * size), q.new_empty(b * h * size)
         out, lse = torch.empty_like(q), q.new_empty(b, h, q_len)
         per_row = q.new_empty(b, h, q_len, table_v.shape[0])  # attention mass per clipped distance
         qs = q * scale
         ka_t = _aug(k, k.new_ones(k.shape[:-1])).transpose(-1, -2).contiguous()
         for start, end, plan, allowed in blocks:
-            m, p = m_buf[:, :, : end - start], p_buf[:, :, : end - start]
+            n = _keys(plan)  # a causal block needs only the keys up to its last query
+            m, p = _view(m_flat, b, h, end - start, n), _view(p_flat, b, h, end - start, n)
             _shaw_mask(qs[:, :, start:end], table_k, plan, allowed, out=m)
             o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, start:end], k, v, 0.0, False, attn_mask=m, scale=scale
+                q[:, :, start:end], k[:, :, :n], v[:, :, :n], 0.0, False, attn_mask=m, scale=scale
             )
-            torch.matmul(_aug(qs[:, :, start:end], -l), ka_t, out=p)  # q k^T * scale - lse
+            torch.matmul(_aug(qs[:, :, start:end], -l), ka_t[..., :n], out=p)  # q k^T * scale - lse
             p.add_(m).exp_()  # the weights P of the block
             per_row[:, :, start:end] = _sum_per_row(p, plan)
             out[:, :, start:end] = o + per_row[:, :, start:end] @ table_v
@@ -141,9 +141,9 @@ class _ShawFlash(torch.autograd.Function):
         q, k, v, table_k, table_v, out, lse, mass = ctx.saved_tensors
         scale, blocks = ctx.scale, ctx.blocks
         b, h, q_len, d = q.shape
-        k_len, rows_t = k.shape[2], table_k.shape[0]
-        rows = max(end - start for start, end, _, _ in blocks)
-        m_buf, p_buf, g_buf = (q.new_empty(b, h, rows, k_len) for _ in range(3))
+        rows_t = table_k.shape[0]
+        size = max((end - start) * _keys(plan) for start, end, plan, _ in blocks)
+        m_flat, p_flat, g_flat = (q.new_empty(b * h * size) for _ in range(3))
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dout = dout.contiguous()
         qs = q * scale
@@ -153,20 +153,31 @@ class _ShawFlash(torch.autograd.Function):
         dtable_v = mass.reshape(-1, rows_t).t() @ dout.reshape(-1, d)
         dtable_k = torch.zeros_like(table_k)
         for start, end, plan, allowed in blocks:
+            n = _keys(plan)
             qs_b, do_b = qs[:, :, start:end], dout[:, :, start:end]
-            m, p, g = m_buf[:, :, : end - start], p_buf[:, :, : end - start], g_buf[:, :, : end - start]
+            m, p, g = (_view(f, b, h, end - start, n) for f in (m_flat, p_flat, g_flat))
             _shaw_mask(qs_b, table_k, plan, allowed, out=m)
-            torch.matmul(qa[:, :, start:end], ka_t, out=p)
+            torch.matmul(qa[:, :, start:end], ka_t[..., :n], out=p)
             p.add_(m).exp_()  # P again
-            dv.add_(p.transpose(-1, -2) @ do_b)
-            torch.matmul(da[:, :, start:end], va_t, out=m)  # dO v^T - D (m's buffer is free again)
+            dv[:, :, :n].add_(p.transpose(-1, -2) @ do_b)
+            torch.matmul(da[:, :, start:end], va_t[..., :n], out=m)  # dO v^T - D (m's buffer is free again)
             torch.gather(do_b @ table_v.t(), -1, plan.index.expand(m.shape), out=g)  # dO . a^V_ij
             ds = m.add_(g).mul_(p)  # dS / scale
             per_row = _sum_per_row(ds, plan)  # summed per clipped distance
-            dq[:, :, start:end] = (ds @ k).add_(per_row @ table_k).mul_(scale)
-            dk.add_(ds.transpose(-1, -2) @ qs_b)
+            dq[:, :, start:end] = (ds @ k[:, :, :n]).add_(per_row @ table_k).mul_(scale)
+            dk[:, :, :n].add_(ds.transpose(-1, -2) @ qs_b)
             dtable_k.add_(per_row.reshape(-1, rows_t).t() @ qs_b.reshape(-1, d))
         return dq, dk, dv, dtable_k, dtable_v, None, None
+
+
+def _keys(plan) -> int:
+    """The number of keys a block's plan covers (all of them, or those up to a causal block's last query)."""
+    return plan.index.shape[1]
+
+
+def _view(flat: torch.Tensor, b: int, h: int, n: int, k: int) -> torch.Tensor:
+    """A contiguous ``(b, h, n, k)`` view of the start of a reusable flat buffer."""
+    return flat[: b * h * n * k].view(b, h, n, k)
 
 
 def _shaw_mask(qs_b, table_k, plan, allowed, *, out: torch.Tensor) -> torch.Tensor:
@@ -183,7 +194,8 @@ def shaw_attention(q, k, v, table_k, table_v, scale: float, blocks) -> torch.Ten
 
     ``table_k, table_v: (2k+1, d)`` for this layer; ``blocks``: ``(start, end, plan, allowed)`` with the
     :class:`~posenc_lib.shaw.ShawPlan` of each block's rows and its boolean mask (broadcastable to
-    ``(batch, 1, end - start, k_len)``) or ``None``.  Same function and gradients as the explicit path.
+    ``(batch, 1, end - start, n)``) or ``None``, where ``n``, the plan's number of keys, may stop short
+    of ``k_len`` when no row of the block sees the keys after it.  Same function and gradients as the explicit path.
     """
     return _ShawFlash.apply(q, k, v, table_k, table_v, scale, blocks)
 

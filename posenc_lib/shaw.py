@@ -194,13 +194,17 @@ class ShawRelative(PositionScheme):
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "plan": plan}
 
     def query_slice(self, ctx, start, end):
-        # one plan per block, built once per forward and shared by the layers of the stack
-        plans = ctx.setdefault("block_plans", {})
-        if (start, end) not in plans:
-            index = ctx["index"][start:end]
-            plans[start, end] = shaw_plan(index, 2 * self.max_relative_position + 1)
-        plan = plans[start, end]
+        plan = self._block_plan(ctx, start, end, ctx["index"].shape[1])
         return {"q_pos": ctx["q_pos"][start:end], "k_pos": ctx["k_pos"], "index": plan.index, "plan": plan}
+
+    def _block_plan(self, ctx, start, end, k_end):
+        """The plan of query rows ``start:end`` and keys ``0:k_end``, built once per forward pass and
+        shared by the layers of the stack."""
+        plans = ctx.setdefault("block_plans", {})
+        if (start, end, k_end) not in plans:
+            index = ctx["index"][start:end, :k_end]
+            plans[start, end, k_end] = shaw_plan(index, 2 * self.max_relative_position + 1)
+        return plans[start, end, k_end]
 
     def scores(self, q, k, ctx, layer, attn):
         return shaw_key_scores(q, self.table_k[layer].to(q.dtype), ctx["index"], ctx.get("plan"))
@@ -211,9 +215,15 @@ class ShawRelative(PositionScheme):
     def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
         """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.cpu_flash`)."""
         from . import cpu_flash
-        from .attention import _rows
+        from .attention import _last_key, _rows
 
-        parts = [(start, end, self.query_slice(ctx, start, end)["plan"], _rows(allowed, start, end)) for start, end in blocks]
+        parts, k_len = [], k.shape[2]
+        for start, end in blocks:
+            rows = _rows(allowed, start, end)
+            k_end = _last_key(rows, k_len)  # a causal block needs no key after its last query
+            if k_end < k_len:
+                rows = rows[..., :k_end]
+            parts.append((start, end, self._block_plan(ctx, start, end, k_end), rows))
         return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], scale, parts)
 
     def extra_repr(self):

@@ -99,6 +99,8 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, monk
         torch.testing.assert_close(results[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
     if pe in ("xlnet", "deberta"):  # a causal block of the decoder sees only the keys up to its last query
         assert {a[1].shape[2] for a in calls["flash_scores"]} >= {4, 8, 11}
+    if pe == "shaw":
+        assert {blk[2].index.shape[1] for a in calls["shaw_attention"] for blk in a[-1]} >= {4, 8, 11}
     if pe == "t5" and not padded:  # a bias shared over the batch: one fused call per layer, not per block
         assert all(a[3].shape[0] == 1 for a in calls["flash_attention"])
         assert any(a[3].shape[2] == 13 for a in calls["flash_attention"])
