@@ -350,15 +350,20 @@ class MultiHeadAttention(nn.Module):
                 out = out + pos.values(probs_d, ctx, layer)
             return out, probs
 
-        def attend_flash(q, allowed, bias, ctx):
-            """As ``attend``, in the fused CPU kernel: score terms, bias and masks enter as one float mask."""
+        def attend_flash(q, allowed, bias, ctx, blocks=None):
+            """As ``attend``, in the fused CPU kernel: score terms, bias and masks enter as one float mask.
+            ``blocks``: query ranges; each runs against the keys up to the last one its rows may see."""
             extra = pos.scores(q, k, ctx, layer, self) if pos.adds_scores else None
             mask = extra.float().mul_(scale) if extra is not None else None
             if bias is not None:
                 mask = bias.float() if mask is None else mask.add_(bias)
             if allowed is not None:
                 mask = mask.masked_fill(~allowed, float("-inf"))
-            return cpu_flash.flash_attention(q, k, v, mask, scale)
+            if blocks is not None:
+                blocks = [(s, e, _last_key(_rows(allowed, s, e), k_len)) for s, e in blocks]
+                if all(n == k_len for _, _, n in blocks):
+                    blocks = None
+            return cpu_flash.flash_attention(q, k, v, mask, scale, blocks)
 
         blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias)
         if _flex_wanted(pos, want_weights, p_drop, q_len):
@@ -386,7 +391,7 @@ class MultiHeadAttention(nn.Module):
                     outs.append(cpu_flash.flash_scores(q[:, :, start:end], kb, vb, scale, build, *parts))
                 out, blocks = torch.cat(outs, dim=2), []
             elif shared:  # a bias shared over the batch: one fused call, its gradient summed block by block
-                out, blocks = attend_flash(q, allowed, bias, ctx), []
+                out, blocks = attend_flash(q, allowed, bias, ctx, blocks), []
             else:
                 attend = lambda *a: (attend_flash(*a), None)  # noqa: E731 (the blocks below, fused)
         if blocks == []:

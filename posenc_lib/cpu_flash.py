@@ -40,8 +40,12 @@ def _aug(x: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, col.unsqueeze(-1).to(x.dtype)], dim=-1)
 
 
-def mask_gradient(q, k, v, mask, dout, out, lse, scale: float) -> torch.Tensor:
-    """``dL/dmask`` of attention with the additive float ``mask``, reduced to ``mask``'s shape."""
+def mask_gradient(q, k, v, mask, dout, out, lse, scale: float, buffers=None) -> torch.Tensor:
+    """``dL/dmask`` of attention with the additive float ``mask``, reduced to ``mask``'s shape.
+
+    ``buffers``: two flat work buffers of at least ``batch * heads * q_len * k_len`` elements to use
+    instead of new ones (a caller that runs many blocks allocates them once).
+    """
     b, h, q_len, _ = q.shape
     k_len = k.shape[2]
     ones = k.new_ones(k.shape[:-1])
@@ -51,8 +55,12 @@ def mask_gradient(q, k, v, mask, dout, out, lse, scale: float) -> torch.Tensor:
     rows = max(1, min(q_len, WORKSPACE_ELEMENTS // max(1, b * h * k_len)))
     reduce_dims = [i for i in (0, 1) if mask.shape[i] == 1 and (b, h)[i] > 1]  # a mask shared over batch/heads
     dmask = mask.new_empty(mask.shape)
-    ds_buf = q.new_empty(b, h, rows, k_len)
-    p_buf = q.new_empty(b, h, rows, k_len) if reduce_dims else None  # else P is built in dmask itself
+    if buffers is not None:
+        rows = q_len
+        ds_buf, p_buf = (_view(f, b, h, rows, k_len) for f in buffers)
+    else:
+        ds_buf = q.new_empty(b, h, rows, k_len)
+        p_buf = q.new_empty(b, h, rows, k_len) if reduce_dims else None  # else P is built in dmask itself
     for start in range(0, q_len, rows):
         end = min(start + rows, q_len)
         p = p_buf[:, :, : end - start] if reduce_dims else dmask[:, :, start:end]
@@ -69,36 +77,66 @@ def mask_gradient(q, k, v, mask, dout, out, lse, scale: float) -> torch.Tensor:
 
 class _FlashWithMaskGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask, scale=scale
-        )
+    def forward(ctx, q, k, v, mask, scale, blocks):
+        if blocks is None:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, False, attn_mask=mask, scale=scale
+            )
+        else:  # query blocks, each with the keys it can see
+            out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
+            for start, end, n in blocks:
+                out[:, :, start:end], lse[:, :, start:end] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[:, :, start:end], k[:, :, :n], v[:, :, :n], 0.0, False,
+                    attn_mask=mask[:, :, start:end, :n].contiguous(), scale=scale,
+                )  # fmt: skip
         ctx.save_for_backward(q, k, v, mask, out, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.blocks = scale, blocks
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, mask, out, lse = ctx.saved_tensors
+        scale, blocks, want_mask = ctx.scale, ctx.blocks, ctx.needs_input_grad[3]
         dout = dout.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale
-        )
-        dmask = mask_gradient(q, k, v, mask, dout, out, lse, ctx.scale) if ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dmask, None
+        if blocks is None:
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
+            )
+            dmask = mask_gradient(q, k, v, mask, dout, out, lse, scale) if want_mask else None
+            return dq, dk, dv, dmask, None, None
+        b, h = q.shape[:2]
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dmask = torch.zeros_like(mask) if want_mask else None  # zero where no row of a block looks
+        size = b * h * max((end - start) * n for start, end, n in blocks)
+        buffers = (q.new_empty(size), q.new_empty(size)) if want_mask else None
+        for start, end, n in blocks:
+            args = (q[:, :, start:end].contiguous(), k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
+            m, do_b = mask[:, :, start:end, :n].contiguous(), dout[:, :, start:end]
+            o_b, l_b = out[:, :, start:end].contiguous(), lse[:, :, start:end].contiguous()
+            dq_b, dk_b, dv_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                do_b, *args, o_b, l_b, 0.0, False, attn_mask=m, scale=scale
+            )
+            dq[:, :, start:end] = dq_b
+            dk[:, :, :n].add_(dk_b)
+            dv[:, :, :n].add_(dv_b)
+            if want_mask:
+                dmask[:, :, start:end, :n] = mask_gradient(*args, m, do_b, o_b, l_b, scale, buffers=buffers)
+        return dq, dk, dv, dmask, None, None
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, blocks=None):
     """``softmax(q k^T * scale + mask) v`` in the fused CPU kernel, with a gradient for ``mask``.
 
     ``q: (batch, heads, q_len, d)``, ``k, v: (batch, heads, k_len, d)``; ``mask``: float32
     ``(batch or 1, heads or 1, q_len, k_len)``, ``-inf`` where a key is not allowed (no row may be
-    all ``-inf``).
+    all ``-inf``).  ``blocks``: optional ``(start, end, n)`` query ranges covering ``0..q_len``, each run
+    against keys ``0..n`` only; the mask must be ``-inf`` at every key a block leaves out (a causal
+    block needs no key after its last query).
     """
     b, h, q_len, _ = q.shape
     if mask.dim() != 4 or mask.shape[0] not in (1, b) or mask.shape[1] not in (1, h) or mask.shape[2:] != (q_len, k.shape[2]):
         raise ValueError(f"mask must have shape (1 or {b}, 1 or {h}, {q_len}, {k.shape[2]}), got {tuple(mask.shape)}")
-    return _FlashWithMaskGrad.apply(q, k, v, mask.contiguous(), scale)
+    return _FlashWithMaskGrad.apply(q, k, v, mask.contiguous(), scale, blocks)
 
 
 # -- Shaw et al.: a key term in the mask, a value term from the weights --------------------------------

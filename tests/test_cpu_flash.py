@@ -49,6 +49,29 @@ def test_small_workspace_gives_the_same_mask_gradient(mask_batch, monkeypatch):
     torch.testing.assert_close(grads[1], grads[0])
 
 
+@pytest.mark.parametrize("mask_batch", [1, 2])
+def test_causal_blocks_against_their_keys_equal_the_explicit_softmax(mask_batch):
+    """Query blocks that each run against only the keys up to their last query (the rest of their rows
+    -inf): same output and gradients, and the left-out part of the mask gets a zero gradient."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 10, 4, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.randn(mask_batch, 3, 10, 10, generator=g).masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf"))
+    mask.requires_grad_()
+    d_out = torch.randn(2, 3, 10, 4, generator=g)
+    results = []
+    for blocks in (None, [(0, 4, 4), (4, 8, 8), (8, 10, 10)]):
+        for t in (q, k, v, mask):
+            t.grad = None
+        out = cpu_flash.flash_attention(q, k, v, mask, 0.6, blocks)
+        out.backward(d_out)
+        results.append([out.detach()] + [t.grad.clone() for t in (q, k, v, mask)])
+    ref = _explicit(q, k, v, mask, 0.6).detach()
+    torch.testing.assert_close(results[1][0], ref, atol=2e-6, rtol=1e-5)
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dmask"), *results):
+        torch.testing.assert_close(b, a, atol=2e-6, rtol=1e-5, msg=name)
+    assert (results[1][4][..., :4, 4:] == 0).all()
+
+
 def test_bad_mask_shape_is_named():
     q = k = v = torch.zeros(2, 3, 4, 5)
     with pytest.raises(ValueError, match=r"mask must have shape \(1 or 2, 1 or 3, 4, 4\), got \(3, 4\)"):
@@ -104,6 +127,8 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, monk
     if pe == "t5" and not padded:  # a bias shared over the batch: one fused call per layer, not per block
         assert all(a[3].shape[0] == 1 for a in calls["flash_attention"])
         assert any(a[3].shape[2] == 13 for a in calls["flash_attention"])
+        # the decoder's causal self-attention: blocks of 4 queries against the keys up to their last query
+        assert any(a[5] == [(0, 4, 4), (4, 8, 8), (8, 11, 11)] for a in calls["flash_attention"])
 
 
 def test_the_naive_shaw_contrast_keeps_the_explicit_path():
