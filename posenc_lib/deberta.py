@@ -69,16 +69,45 @@ def disentangled_scores(q, k, pos_q, pos_k, index):
     ``q: (B, H, Lq, d)``, ``k: (B, H, Lk, d)``, ``pos_q, pos_k: (H, 2k, d)`` (projected
     relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.
     """
-    b, h, lq, _ = q.shape
-    lk = k.shape[2]
-    idx = index.expand(b, h, lq, lk)
-    c2p = (q @ pos_k.transpose(-1, -2)).gather(-1, idx)  # c2p[i, j] = q_i . pos_k[index_ij]
+    c2p_all = q @ pos_k.transpose(-1, -2)  # (B, H, Lq, 2k): every query against every bucket
+    p2c_all = pos_q @ k.transpose(-1, -2)  # (B, H, 2k, Lk): every bucket against every key
+    left, right = _clipped_ends(index)
+    if left + (index.shape[1] - right) < index.shape[1] // 4:
+        return _gathered(c2p_all, p2c_all, index)
+    # keys far enough left (right) of every query of the block share the last (first) bucket: there the
+    # terms are a row value plus a column value, a broadcast sum; only the band between needs a gather
+    parts = []
+    if left:
+        c = int(index[0, 0])
+        parts.append(c2p_all[..., c : c + 1] + p2c_all[:, :, c : c + 1, :left])
+    if right > left:
+        parts.append(_gathered(c2p_all, p2c_all[..., left:right], index[:, left:right]))
+    if right < index.shape[1]:
+        c = int(index[0, -1])
+        parts.append(c2p_all[..., c : c + 1] + p2c_all[:, :, c : c + 1, right:])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _gathered(c2p_all, p2c_all, index):
+    b, h, lq, _ = c2p_all.shape
+    idx = index.expand(b, h, lq, index.shape[1])
+    c2p = c2p_all.gather(-1, idx)  # c2p[i, j] = q_i . pos_k[index_ij]
     # p2c[i, j] = k_j . pos_q[index_ij]: gather the (B, H, 2k, Lk) products along the bucket axis, which
     # writes the (Lq, Lk) layout directly (no transposed copy)
-    p2c = (pos_q @ k.transpose(-1, -2)).gather(-2, idx)
-    return c2p.add_(p2c)
+    return c2p.add_(p2c_all.gather(-2, idx))
 
 
+def _clipped_ends(index: torch.Tensor) -> tuple[int, int]:
+    """``(left, right)``: columns ``< left`` hold ``index[0, 0]`` in every row and columns ``>= right`` hold
+    ``index[0, -1]`` (the clipped distances of a long block); ``(0, Lk)`` off the CPU (no host read)."""
+    lk = index.shape[1]
+    if index.device.type != "cpu" or index.numel() == 0:
+        return 0, lk
+    same_left = (index == index[:1, :1]).all(0)
+    same_right = (index == index[:1, -1:]).all(0)
+    left = int(same_left.long().cumprod(0).sum())
+    right = lk - int(same_right.flip(0).long().cumprod(0).sum())
+    return left, max(left, right)
 class DebertaDisentangled(PositionScheme):
     """A shared, layer-normed table of ``2 * position_buckets`` relative embeddings per stack."""
 

@@ -108,3 +108,21 @@ def test_worker_peak_memory_is_its_own_not_the_parents():
                          cwd=Path(__file__).resolve().parents[1])
     del ballast
     assert float(out.stdout.strip()) < 1200, out.stdout
+
+
+def test_decode_profile_splits_a_cached_step(tmp_path):
+    """The decoding profile sorts every operator's own time into its categories; shares sum to one, and the
+    vocabulary product is found by its shape."""
+    from benchmarks.decode_profile import CATEGORIES, _category, main as profile_main
+
+    doc = profile_main(["--quick", "--schemes", "none,shaw", "--threads", "1", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "decode_profile.json").read_text()) == doc
+    assert set(doc["results"]) == {"none", "shaw"}
+    for r in doc["results"].values():
+        assert tuple(r["shares"]) == CATEGORIES and abs(sum(r["shares"].values()) - 1) < 1e-9
+        assert r["shares"]["output projection"] > 0 and r["shares"]["attention"] > 0 and r["ms_per_step"] > 0
+    vocab = BenchConfig.quick().vocab_size
+    assert _category("aten::mm", [[2, 32], [32, vocab]], vocab) == "output projection"
+    assert _category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
+    assert _category("aten::linear", [[2, 32], [32, 32]], vocab) is None
+    assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"

@@ -43,6 +43,29 @@ def test_disentangled_scores_match_explicit_loops():
             assert torch.allclose(got[i, j], ref, atol=1e-5)
 
 
+@pytest.mark.parametrize("q_start,lq,lk", [(0, 10, 40), (20, 12, 40), (30, 10, 33)])
+def test_disentangled_scores_of_a_long_block_match_the_loops_with_gradients(q_start, lq, lk):
+    """Far from the diagonal every key falls in a clipped bucket: there the terms are built as a broadcast
+    sum, a gather only in the band between; values and gradients match the explicit loops."""
+    from posenc_lib.deberta import _clipped_ends
+
+    torch.manual_seed(1)
+    span, d = 4, 3
+    q, k = torch.randn(2, 2, lq, d, requires_grad=True), torch.randn(2, 2, lk, d, requires_grad=True)
+    pos_q, pos_k = torch.randn(2, 2 * span, d, requires_grad=True), torch.randn(2, 2 * span, d, requires_grad=True)
+    index = deberta_index(torch.arange(q_start, q_start + lq), torch.arange(lk), span, 2 * span, 12)
+    left, right = _clipped_ends(index)
+    assert left > 0 or right < lk  # the broadcast pieces are used
+    ref = torch.einsum("bhid,hijd->bhij", q, pos_k[:, index]) + torch.einsum("bhjd,hijd->bhij", k, pos_q[:, index])
+    got = disentangled_scores(q, k, pos_q, pos_k, index)
+    torch.testing.assert_close(got, ref)
+    w = torch.randn_like(ref)
+    g_ref = torch.autograd.grad((ref * w).sum(), (q, k, pos_q, pos_k))
+    g_got = torch.autograd.grad((got * w).sum(), (q, k, pos_q, pos_k))
+    for a, b in zip(g_got, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)  # sums over many keys, in another order
+
+
 @pytest.mark.parametrize("lq,lk", [(1, 1), (3, 3), (2, 6), (4, 9)])
 def test_rel_shift_puts_distance_i_minus_j_in_column_j(lq, lk):
     offset = lk - lq  # query i sits at absolute position offset + i

@@ -1,0 +1,117 @@
+"""Where a cached greedy-decoding step spends its time.
+
+``python -m benchmarks.decode_profile [--schemes none,shaw] [--threads N] [--out DIR] [--quick]``
+
+For each scheme: one untimed cached greedy decode, then one under ``torch.profiler`` (the decoding
+benchmark's sizes: ``decode_batch`` sources of ``decode_src_len`` tokens, ``decode_new_tokens`` new tokens,
+no end token).  The operators' own time is sorted into
+
+* ``output projection``: the product with the vocabulary matrix (the tied embedding);
+* ``linear layers``: every other ``nn.Linear`` (q, k, v, output and feed-forward projections);
+* ``attention``: the fused kernel, or the explicit products, softmax and position terms;
+* ``other operators``: layer norms, the cache writes, argmax, concatenation, masks, ...;
+* ``outside operators``: what is left of the wall time (Python, module calls, dispatch).
+
+Shares are of the profiled call; ``ms_per_step`` is the median of three unprofiled calls divided by the
+number of new tokens.  Writes ``<out>/decode_profile.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from posenc_lib import greedy_decode
+from posenc_lib.utils import atomic_write_json
+
+from .common import BenchConfig, available_cores, check_schemes, log, machine_info, make_model, random_tokens
+
+SCHEMA = "posenc-bench/1"
+CATEGORIES = ("output projection", "linear layers", "attention", "other operators", "outside operators")
+_ATTENTION = ("scaled_dot_product", "softmax", "bmm", "baddbmm", "gather", "einsum")
+
+
+def _category(name: str, shapes, vocab: int) -> str | None:
+    """The category of one operator's own time; ``None`` for a wrapper whose time is its callees'."""
+    if name in ("aten::linear", "aten::matmul"):
+        return None  # their work is the addmm / mm / bmm they call, counted there
+    if name in ("aten::mm", "aten::addmm"):
+        if any(s and s[-1] == vocab for s in shapes if isinstance(s, list)):
+            return "output projection"
+        return "linear layers" if name == "aten::addmm" else "attention"
+    if any(key in name for key in _ATTENTION):
+        return "attention"
+    return "other operators"
+
+
+def profile_scheme(pe: str, cfg: BenchConfig) -> dict:
+    model = make_model(pe, cfg).eval()
+    src = random_tokens(cfg, cfg.decode_batch, cfg.decode_src_len, seed=3)
+
+    def run():
+        return greedy_decode(model, src, max_new_tokens=cfg.decode_new_tokens, bos_id=1, eos_id=None)
+
+    run()  # warm-up
+    walls = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - t0)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        t0 = time.perf_counter()
+        run()
+        wall = time.perf_counter() - t0
+    spent = dict.fromkeys(CATEGORIES, 0.0)
+    for e in prof.key_averages(group_by_input_shape=True):
+        cat = _category(e.key, e.input_shapes, cfg.vocab_size)
+        if cat is not None:
+            spent[cat] += e.self_cpu_time_total / 1e6
+    spent["outside operators"] = max(0.0, wall - sum(spent.values()))
+    total = sum(spent.values())
+    return {
+        "ms_per_step": 1e3 * statistics.median(walls) / cfg.decode_new_tokens,
+        "profiled_wall_s": wall,
+        "shares": {c: spent[c] / total for c in CATEGORIES},
+    }
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--schemes", default="none,learned,shaw,t5,xlnet,deberta,rope,alibi,sinusoidal")
+    p.add_argument("--threads", type=int, default=available_cores())
+    p.add_argument("--decode-batch", type=int, default=8)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--quick", action="store_true", help="the suite's tiny configuration (seconds)")
+    a = p.parse_args(argv)
+    if a.threads <= 0:
+        p.error(f"--threads must be a positive integer, got {a.threads}")
+    try:
+        schemes = check_schemes(a.schemes.split(","))
+        cfg = BenchConfig.quick() if a.quick else BenchConfig(decode_batch=a.decode_batch)
+    except (TypeError, ValueError) as e:
+        p.error(str(e))
+    torch.set_num_threads(a.threads)
+    doc = {
+        "schema": SCHEMA,
+        "part": "decode_profile",
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "quick": a.quick,
+        "machine": machine_info(cfg.device),
+        "config": cfg.as_dict(),
+        "results": {},
+    }
+    for pe in schemes:
+        doc["results"][pe] = r = profile_scheme(pe, cfg)
+        log(f"{pe}: {r['ms_per_step']:.2f} ms per step; "
+            + ", ".join(f"{c} {100 * s:.0f}%" for c, s in r["shares"].items()))  # fmt: skip
+    a.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(a.out / "decode_profile.json", doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()
