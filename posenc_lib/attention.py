@@ -360,7 +360,7 @@ class MultiHeadAttention(nn.Module):
             if allowed is not None:
                 mask = mask.masked_fill(~allowed, float("-inf"))
             if blocks is not None:
-                blocks = [(s, e, _last_key(_rows(allowed, s, e), k_len)) for s, e in blocks]
+                blocks = [(s, e, _block_keys(allowed, s, e, k_len)[1]) for s, e in blocks]
                 if all(n == k_len for _, _, n in blocks):
                     blocks = None
             return cpu_flash.flash_attention(q, k, v, mask, scale, blocks)
@@ -378,13 +378,12 @@ class MultiHeadAttention(nn.Module):
             elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
                 outs = []
                 for start, end in blocks:
-                    ctx_b, rows = pos.query_slice(ctx, start, end), _rows(allowed, start, end)
-                    k_end = _last_key(rows, k_len)  # keys after it are masked for every row of the block
+                    ctx_b, (rows, k_end) = pos.query_slice(ctx, start, end), _block_keys(allowed, start, end, k_len)
                     trimmed = pos.key_slice(ctx_b, k_end) if k_end < k_len else None
-                    if trimmed is None:
-                        k_end = k_len
-                    else:
-                        ctx_b, rows = trimmed, rows[..., :k_end]
+                    if trimmed is not None:
+                        ctx_b = trimmed
+                    else:  # a scheme that cannot drop keys: all of them
+                        rows, k_end = _rows(allowed, start, end), k_len
                     build = functools.partial(_mask_from_parts, pos, ctx_b, scale, rows)
                     parts = pos.score_parts(q, ctx_b, layer, self)
                     kb, vb = k[:, :, :k_end], v[:, :, :k_end]
@@ -485,6 +484,14 @@ def _flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:
     from .flex import use_flex
 
     return use_flex()
+
+
+def _block_keys(allowed: torch.Tensor | None, start: int, end: int, k_len: int):
+    """``(rows, n)``: the boolean mask of query rows ``start:end`` for keys ``0:n`` and ``n``, one past the
+    last key any of those rows may see (a causal block needs no key after its last query)."""
+    rows = _rows(allowed, start, end)
+    n = _last_key(rows, k_len)
+    return (rows if n == k_len else rows[..., :n]), n
 
 
 def _last_key(allowed: torch.Tensor | None, k_len: int) -> int:

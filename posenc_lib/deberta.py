@@ -108,6 +108,8 @@ def _clipped_ends(index: torch.Tensor) -> tuple[int, int]:
     left = int(same_left.long().cumprod(0).sum())
     right = lk - int(same_right.flip(0).long().cumprod(0).sum())
     return left, max(left, right)
+
+
 class DebertaDisentangled(PositionScheme):
     """A shared, layer-normed table of ``2 * position_buckets`` relative embeddings per stack."""
 

@@ -215,14 +215,11 @@ class ShawRelative(PositionScheme):
     def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
         """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.cpu_flash`)."""
         from . import cpu_flash
-        from .attention import _last_key, _rows
+        from .attention import _block_keys
 
-        parts, k_len = [], k.shape[2]
+        parts = []
         for start, end in blocks:
-            rows = _rows(allowed, start, end)
-            k_end = _last_key(rows, k_len)  # a causal block needs no key after its last query
-            if k_end < k_len:
-                rows = rows[..., :k_end]
+            rows, k_end = _block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query
             parts.append((start, end, self._block_plan(ctx, start, end, k_end), rows))
         return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], scale, parts)
 
