@@ -88,6 +88,27 @@ def test_deberta_disentangled_attention_matches_transformers():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
 
+def test_deberta_long_input_in_query_blocks_matches_transformers(monkeypatch):
+    """Query blocks of a long input (the fused CPU path): far from the diagonal every key of a block falls in
+    one clipped bucket, where the terms are built as broadcast sums; still equal to transformers'."""
+    from posenc_lib import attention, deberta
+
+    ref, scheme, attn = _deberta_pair()
+    n = 120  # > max_relative_positions (40): distances clip
+    x, pos = torch.randn(2, n, 32), torch.arange(n)
+    ctx = scheme.prepare(pos, pos)
+    mask = torch.ones(2, 1, n, n, dtype=torch.bool)
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 4 * 8 * n)  # blocks of 8 query rows
+    ends = []
+    real = deberta._clipped_ends
+    monkeypatch.setattr(deberta, "_clipped_ends", lambda index: ends.append(real(index)) or ends[-1])
+    with torch.no_grad():
+        expected, _ = ref(x, mask, rel_embeddings=ctx["rel"])
+        got = attn(x, pos=scheme, ctx=ctx)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert any(left > 0 for left, _ in ends) and any(right < n for _, right in ends)
+
+
 def test_deberta_scale_is_one_over_sqrt_3d():
     assert DebertaDisentangled.score_terms == 3
 
