@@ -17,7 +17,6 @@ number of new tokens.  Writes ``<out>/decode_profile.json``.
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import statistics
 import time
@@ -25,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from posenc_lib import greedy_decode
-from posenc_lib.utils import atomic_write_json
+from posenc_lib import PE_TYPES, greedy_decode
+from posenc_lib.utils import CliParser, atomic_write_json
 
 from .common import BenchConfig, available_cores, check_schemes, log, machine_info, make_model, random_tokens
 
@@ -80,8 +79,8 @@ def profile_scheme(pe: str, cfg: BenchConfig) -> dict:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--schemes", default="none,learned,shaw,t5,xlnet,deberta,rope,alibi,sinusoidal")
+    p = CliParser(prog="python -m benchmarks.decode_profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--schemes", default=",".join(PE_TYPES), help="comma-separated; none is always profiled")
     p.add_argument("--threads", type=int, default=available_cores())
     p.add_argument("--decode-batch", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")

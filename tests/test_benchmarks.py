@@ -126,3 +126,12 @@ def test_decode_profile_splits_a_cached_step(tmp_path):
     assert _category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
     assert _category("aten::linear", [[2, 32], [32, 32]], vocab) is None
     assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"
+
+
+def test_decode_profile_names_a_bad_scheme(tmp_path, capsys):
+    from benchmarks.decode_profile import main as profile_main
+
+    with pytest.raises(SystemExit) as e:
+        profile_main(["--quick", "--schemes", "none,sinusoidl", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "sinusoidl" in capsys.readouterr().err
+    assert not (tmp_path / "decode_profile.json").exists()
