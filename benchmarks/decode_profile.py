@@ -39,7 +39,7 @@ def _category(name: str, shapes, vocab: int) -> str | None:
     if name in ("aten::linear", "aten::matmul"):
         return None  # their work is the addmm / mm / bmm they call, counted there
     if name in ("aten::mm", "aten::addmm"):
-        if any(s and s[-1] == vocab for s in shapes if isinstance(s, list)):
+        if any(s and vocab in (s[0], s[-1]) for s in shapes if isinstance(s, list)):  # x W^T or W x^T
             return "output projection"
         return "linear layers" if name == "aten::addmm" else "attention"
     if any(key in name for key in _ATTENTION):

@@ -129,6 +129,15 @@ class PositionScheme(nn.Module):
         """Per-forward context shared by all layers of the stack."""
         return {"q_pos": q_pos, "k_pos": k_pos}
 
+    def prepare_step(self, q_pos: torch.Tensor, k_pos: torch.Tensor, state: dict) -> dict[str, Any]:
+        """The context of a decoding step with a cache: :meth:`prepare`'s, plus ``state`` as ``"step_state"``.
+
+        ``state`` lives as long as the cache: what a scheme keeps in it (tables that depend only on its
+        parameters and distances) is built at the first step and reused.  A scheme whose one-query step
+        needs less than :meth:`prepare` builds overrides this.
+        """
+        return {**self.prepare(q_pos, k_pos), "step_state": state}
+
     def rotate(self, q: torch.Tensor, k: torch.Tensor, ctx: dict, layer: int):
         """Rotate ``q`` and the *new* keys ``k`` (both at positions ``ctx['q_pos']``)."""
         return q, k

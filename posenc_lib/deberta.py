@@ -69,6 +69,8 @@ def disentangled_scores(q, k, pos_q, pos_k, index):
     ``q: (B, H, Lq, d)``, ``k: (B, H, Lk, d)``, ``pos_q, pos_k: (H, 2k, d)`` (projected
     relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.
     """
+    if q.shape[2] == 1:  # one query (a cached decoding step): only its Lk buckets are needed
+        return _one_query(q, k, pos_q, pos_k, index[0])
     c2p_all = q @ pos_k.transpose(-1, -2)  # (B, H, Lq, 2k): every query against every bucket
     p2c_all = pos_q @ k.transpose(-1, -2)  # (B, H, 2k, Lk): every bucket against every key
     left, right = _clipped_ends(index)
@@ -86,6 +88,17 @@ def disentangled_scores(q, k, pos_q, pos_k, index):
         c = int(index[0, -1])
         parts.append(c2p_all[..., c : c + 1] + p2c_all[:, :, c : c + 1, right:])
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _one_query(q, k, pos_q, pos_k, index):
+    """The terms of one query row, ``q: (B, H, 1, d)``, for the bucket of each key, ``index: (Lk,)``.
+
+    Products with all ``2k`` buckets would multiply every key by every bucket; here each key meets only its
+    own bucket's position query (``Lk`` dot products per head instead of ``2k * Lk``).
+    """
+    c2p = (q @ pos_k.transpose(-1, -2)).index_select(-1, index)  # (B, H, 1, Lk): q . pos_k[index_j]
+    p2c = torch.einsum("bhjd,hjd->bhj", k, pos_q.index_select(1, index))  # k_j . pos_q[index_j]
+    return c2p.add_(p2c[:, :, None, :])
 
 
 def _gathered(c2p_all, p2c_all, index):

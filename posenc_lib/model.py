@@ -32,6 +32,11 @@ from .utils import (
 )
 
 
+#: the most rows (sequences x new tokens) for which :meth:`Seq2SeqTransformer.logits` puts the vocabulary matrix
+#: on the left of the product (CPU only)
+FEW_ROWS = 64
+
+
 def _check_bool(name: str, value) -> bool:
     """``value`` if it is ``True`` or ``False``; anything else (``"no"``, ``1``, ``None``) is a ``TypeError``."""
     if not isinstance(value, bool):
@@ -244,16 +249,30 @@ class Seq2SeqTransformer(nn.Module):
         q_pos = torch.arange(offset, offset + t, device=tgt.device)
         k_pos = torch.arange(0, offset + t, device=tgt.device)
         x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)
-        ctx = self.dec_pos.prepare(q_pos, k_pos)
         if cache is not None:
-            ctx["step_state"] = cache.scheme_state
+            ctx = self.dec_pos.prepare_step(q_pos, k_pos, cache.scheme_state)
+        else:
+            ctx = self.dec_pos.prepare(q_pos, k_pos)
         for i, layer in enumerate(self.decoder):
             c = cache.layers[i] if cache is not None else None
             x = layer(x, memory, tgt_key_padding_mask, memory_key_padding_mask, self.dec_pos, ctx, i, c)
         if cache is not None:
             cache.offset += t
-        x = self.dec_norm(x)
-        return x @ self.embed.weight.t() if self.out_proj is None else self.out_proj(x)
+        return self.logits(self.dec_norm(x))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, T, d_model)`` decoder outputs -> ``(B, T, vocab_size)`` scores (the tied embedding or ``out_proj``).
+
+        On CPU, a product with few rows (a decoding step: one per sequence, at most :data:`FEW_ROWS`) is
+        computed as ``W @ x^T`` and returned transposed, a view: with the tall ``(vocab, d_model)`` matrix on
+        the left, MKL streams through it once instead of repacking it for the few rows (half the time of
+        ``x @ W^T`` for 8 rows on two threads; the same sums, rounded in another order).
+        """
+        weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
+        rows = x.shape[0] * x.shape[1]
+        if rows <= FEW_ROWS and on_host(x):
+            return (weight @ x.reshape(rows, x.shape[2]).t()).t().view(x.shape[0], x.shape[1], weight.shape[0])
+        return x @ weight.t()
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder))

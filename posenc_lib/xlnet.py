@@ -62,6 +62,20 @@ def _is_arange(pos: torch.Tensor) -> bool:
     return bool(torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + pos.numel(), device=pos.device)))
 
 
+def _one_query_terms(q, k, r, u, v):
+    """Terms (c) and (b)+(d) of one query row, ``q: (B, H, 1, dh)``, against keys ``k: (B, H, Lk, dh)``.
+
+    ``r: (Lk, H * dh)`` holds the projected distances ``0, 1, ..., Lk - 1``; key ``j`` is at distance
+    ``Lk - 1 - j`` from the query, so the distance scores are reversed.  One product per head over the
+    batch rows, with no relative shift and no copy of ``r`` per batch row.
+    """
+    b, h, _, dh = q.shape
+    qv = (q + v[None, :, None, :]).view(b, h, dh).transpose(0, 1)  # (H, B, dh)
+    position = torch.bmm(qv, r.view(-1, h, dh).permute(1, 2, 0))  # (H, B, Lk): distance 0 first
+    content = (k @ u[:, :, None]).squeeze(-1)  # (B, H, Lk): u . k_j
+    return content.add_(position.transpose(0, 1).flip(-1))[:, :, None, :]
+
+
 class XLNetRelative(PositionScheme):
     """Per-layer ``W_R`` (d_model -> heads*head_dim) and global biases ``u``, ``v`` (heads, head_dim)."""
 
@@ -83,6 +97,11 @@ class XLNetRelative(PositionScheme):
         distances = (q_pos[-1] - k_pos[0]) - torch.arange(n, device=q_pos.device)
         return {"q_pos": q_pos, "k_pos": k_pos, "R": xlnet_sinusoid(distances, self.d_model, self.base)}
 
+    def prepare_step(self, q_pos, k_pos, state):
+        if q_pos.numel() == 1:  # one new token: its distances k_len - 1, ..., 0 come from a kept table
+            return {"q_pos": q_pos, "k_pos": k_pos, "step_state": state}
+        return super().prepare_step(q_pos, k_pos, state)
+
     def query_slice(self, ctx, start, end):
         # R holds distances dmax, dmax - 1, ... for all queries; the block's last query is
         # (q_len - end) positions earlier, so its distances start that many rows further down
@@ -98,7 +117,7 @@ class XLNetRelative(PositionScheme):
         return {**ctx, "k_pos": ctx["k_pos"][:k_end], "R": ctx["R"][:n]}
 
     def _decoding_r(self, state: dict, layer: int, k_len: int, dtype) -> torch.Tensor:
-        """Projected ``R`` for distances ``k_len - 1, ..., 0`` (one cached decoding step), kept across steps.
+        """Projected ``R`` for distances ``0, 1, ..., k_len - 1`` (one cached decoding step), kept across steps.
 
         The table holds distances ``0, 1, ...`` projected once; it is extended (doubled) only when
         a step needs a longer distance, instead of projecting ``k_len`` rows at every step.
@@ -110,13 +129,14 @@ class XLNetRelative(PositionScheme):
             distances = torch.arange(n, device=self.r_proj.device)
             table = xlnet_sinusoid(distances, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)
             state[key] = table
-        return table[:k_len].flip(0)
+        return table[:k_len]
 
     def scores(self, q, k, ctx, layer, attn):
         b, h, lq, dh = q.shape
         state = ctx.get("step_state")
-        if state is not None and lq == 1:  # a cached decoding step: distances k_len - 1, ..., 0
+        if state is not None and lq == 1:  # a cached decoding step: key j is at distance k_len - 1 - j
             r = self._decoding_r(state, layer, k.shape[2], q.dtype)
+            return _one_query_terms(q, k, r, self.u[layer].to(q.dtype), self.v[layer].to(q.dtype))
         else:
             r = ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)
         return self.scores_from_parts(q, k, (r, self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)), ctx)

@@ -123,6 +123,8 @@ def test_decode_profile_splits_a_cached_step(tmp_path):
         assert r["shares"]["output projection"] > 0 and r["shares"]["attention"] > 0 and r["ms_per_step"] > 0
     vocab = BenchConfig.quick().vocab_size
     assert _category("aten::mm", [[2, 32], [32, vocab]], vocab) == "output projection"
+    assert _category("aten::mm", [[vocab, 32], [32, 2]], vocab) == "output projection"  # W x^T (few rows)
+    assert _category("aten::mm", [[2, 32], [32, 5]], vocab) == "attention"
     assert _category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
     assert _category("aten::linear", [[2, 32], [32, 32]], vocab) is None
     assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"

@@ -66,6 +66,42 @@ def test_disentangled_scores_of_a_long_block_match_the_loops_with_gradients(q_st
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)  # sums over many keys, in another order
 
 
+@pytest.mark.parametrize("q_at,lk", [(0, 1), (5, 6), (39, 40), (12, 30)])
+def test_disentangled_scores_of_one_query_match_the_loops_with_gradients(q_at, lk):
+    """A cached decoding step has one query: each key meets only its own bucket's position query."""
+    torch.manual_seed(2)
+    span, d = 4, 3
+    q, k = torch.randn(2, 2, 1, d, requires_grad=True), torch.randn(2, 2, lk, d, requires_grad=True)
+    pos_q, pos_k = torch.randn(2, 2 * span, d, requires_grad=True), torch.randn(2, 2 * span, d, requires_grad=True)
+    index = deberta_index(torch.tensor([q_at]), torch.arange(lk), span, 2 * span, 12)
+    ref = torch.einsum("bhid,hijd->bhij", q, pos_k[:, index]) + torch.einsum("bhjd,hijd->bhij", k, pos_q[:, index])
+    got = disentangled_scores(q, k, pos_q, pos_k, index)
+    assert got.shape == (2, 2, 1, lk)
+    torch.testing.assert_close(got, ref)
+    w = torch.randn_like(ref)
+    g_ref = torch.autograd.grad((ref * w).sum(), (q, k, pos_q, pos_k))
+    g_got = torch.autograd.grad((got * w).sum(), (q, k, pos_q, pos_k))
+    for a, b in zip(g_got, g_ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k_len", [1, 7, 33])
+def test_xlnet_one_query_terms_equal_the_shifted_product(k_len):
+    """A cached step's terms (c) + (b)+(d), from the kept table of distances 0, 1, ..., equal the last query row
+    of the general computation (every distance, then the relative shift)."""
+    from posenc_lib.xlnet import XLNetRelative
+
+    torch.manual_seed(3)
+    scheme = XLNetRelative(16, 4, 1, causal=True)
+    q_all, k = torch.randn(2, 4, k_len, 4), torch.randn(2, 4, k_len, 4)
+    pos = torch.arange(k_len)
+    full = scheme.scores(q_all, k, scheme.prepare(pos, pos), 0, None)[:, :, -1:]
+    step = scheme.prepare_step(pos[-1:], pos, {})
+    assert "R" not in step  # one query: the table kept in the step state serves
+    got = scheme.scores(q_all[:, :, -1:], k, step, 0, None)
+    torch.testing.assert_close(got, full, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("lq,lk", [(1, 1), (3, 3), (2, 6), (4, 9)])
 def test_rel_shift_puts_distance_i_minus_j_in_column_j(lq, lk):
     offset = lk - lq  # query i sits at absolute position offset + i

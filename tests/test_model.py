@@ -94,6 +94,24 @@ def test_cached_logits_equal_full_decoder(pe):
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("rows", [(1, 1), (8, 1), (4, 16), (5, 13), (2, 40)])
+def test_logits_of_few_rows_equal_the_plain_product(tie, rows):
+    """Up to FEW_ROWS rows the vocabulary matrix goes on the left of the product (a view comes back): the
+    same scores as ``x @ W^T``, in the same shape, up to rounding; more rows take the plain product."""
+    from posenc_lib.model import FEW_ROWS
+
+    m = small("none", tie_embeddings=tie)
+    weight = m.embed.weight if tie else m.out_proj.weight
+    x = torch.randn(*rows, SMALL["d_model"])
+    with torch.no_grad():
+        got = m.logits(x)
+    assert got.shape == (*rows, V)
+    torch.testing.assert_close(got, x @ weight.t(), atol=1e-6, rtol=1e-5)
+    if rows[0] * rows[1] > 1:  # (one row is contiguous either way)
+        assert got.is_contiguous() == (rows[0] * rows[1] > FEW_ROWS)
+
+
 def test_fused_kernel_used_where_the_scheme_allows(monkeypatch):
     calls = []
     real = torch.nn.functional.scaled_dot_product_attention
