@@ -264,9 +264,9 @@ class Seq2SeqTransformer(nn.Module):
         """``(B, T, d_model)`` decoder outputs -> ``(B, T, vocab_size)`` scores (the tied embedding or ``out_proj``).
 
         On CPU, a product with few rows (a decoding step: one per sequence, at most :data:`FEW_ROWS`) is
-        computed as ``W @ x^T`` and returned transposed, a view: with the tall ``(vocab, d_model)`` matrix on
-        the left, MKL streams through it once instead of repacking it for the few rows (half the time of
-        ``x @ W^T`` for 8 rows on two threads; the same sums, rounded in another order).
+        computed as ``W @ x^T`` and returned transposed, a view.  The sums are the same as ``x @ W^T``'s
+        (rounded in another order), but with the tall ``(vocab, d_model)`` matrix on the left this torch's
+        CPU matrix library takes about half the time for 8 rows (README, "What each scheme costs").
         """
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         rows = x.shape[0] * x.shape[1]
