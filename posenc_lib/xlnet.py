@@ -132,14 +132,11 @@ class XLNetRelative(PositionScheme):
         return table[:k_len]
 
     def scores(self, q, k, ctx, layer, attn):
-        b, h, lq, dh = q.shape
         state = ctx.get("step_state")
-        if state is not None and lq == 1:  # a cached decoding step: key j is at distance k_len - 1 - j
+        if state is not None and q.shape[2] == 1:  # a cached decoding step: key j is at distance k_len - 1 - j
             r = self._decoding_r(state, layer, k.shape[2], q.dtype)
             return _one_query_terms(q, k, r, self.u[layer].to(q.dtype), self.v[layer].to(q.dtype))
-        else:
-            r = ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype)
-        return self.scores_from_parts(q, k, (r, self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)), ctx)
+        return self.scores_from_parts(q, k, self.score_parts(q, ctx, layer, attn), ctx)
 
     def score_parts(self, q, ctx, layer, attn):
         """What the score terms are built from: the projected distances ``R W_r`` and the biases ``u``, ``v``."""
