@@ -86,8 +86,10 @@ def test_readme_decoding_claims_match_the_results():
     assert min(speed, key=speed.get) == "learned" and speed["learned"] < 5.3 and "by learned with a thin margin" in section
     assert "Every time goal is met, and so is the decoding goal" in section
     second = {pe: r["speedup"] for pe, r in json.loads((RESULTS / "decode_second_run.json").read_text())["results"]["schemes"].items()}
-    assert f"gave {min(second.values()):.1f}–{max(second.values()):.1f}×, learned {second['learned']:.1f}×)" in section
+    assert f"gave {min(second.values()):.1f}–{max(second.values()):.1f}×, learned {second['learned']:.1f}×:" in section
     assert min(second.values()) >= 5.0 and set(second) == set(speed)
+    moved = max(abs(second[pe] / speed[pe] - 1) for pe in speed)
+    assert f"one scheme's speed-up moved by up to {100 * moved:.0f}% between the two runs" in section
     again = {pe: r["speedup"] for pe, r in one["results"]["schemes"].items()}
     assert f"it is {min(again.values()):.1f}–{max(again.values()):.1f}× faster" in section
     assert all(again[pe] > res[pe]["speedup"] for pe in res)
@@ -125,7 +127,10 @@ def test_readme_decoding_profile_matches_the_results():
     assert f"the product took {100 * old['shares']['output projection']:.0f}% of a {old['ms_per_step']:.1f} ms step " \
         f"before (`benchmarks/results/decode_profile_previous_run.json`) and " \
         f"{pct['output projection']} of a {none['ms_per_step']:.1f} ms step now" in section
-    assert none["shares"]["output projection"] * none["ms_per_step"] < 0.5 * old["shares"]["output projection"] * old["ms_per_step"]
+    after, before = (r["shares"]["output projection"] * r["ms_per_step"] for r in (none, old))
+    assert after < 0.5 * before
+    bench_readme = " ".join((ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8").split())
+    assert f"(in the profile of a `none` step, {before:.2f} ms against {after:.2f} ms:" in bench_readme
 
 
 def test_readme_quotes_the_noise_at_the_shortest_length():
