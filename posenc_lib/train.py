@@ -420,12 +420,15 @@ def process_seed(seed: int, rank: int) -> int:
 
 def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: str | os.PathLike, *,
                 resume: bool = False, device: str = "cpu", progress: bool = True, stop_after: int | None = None,
-                ckpt_dir: str | os.PathLike | None = None, log=print) -> dict:
-    """Train one model; returns ``{"model", "params", "updates", "wall_s", "tok_per_s", "epochs", "curve", ...}``.
+                ckpt_dir: str | os.PathLike | None = None, log=print, on_update=None) -> dict:
+    """Train one model; returns ``{"model", "params", "updates", "wall_s", "tok_per_s", "epochs", "curve", ...}``
+    (and ``peak_mem_gib``, the most GPU memory this process allocated, on a GPU).
 
     ``data``: ``{"train": {"src", "tgt"}, "dev": {"src", "tgt"}}`` lists of token-id lists.
     ``model_dir`` receives ``metrics.jsonl``; ``ckpt_dir`` (default ``model_dir``) ``checkpoint.pt``.
     ``stop_after``: stop (as if killed) after this many updates, for testing ``resume``.
+    ``on_update``: called with the training state (``step``, ``tokens``, ...) after every update
+    (the calibration times a window of updates with it).
     """
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -541,6 +544,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
         now = time.perf_counter()
         state["wall"] += now - t_last
         t_last = now
+        if on_update is not None:
+            on_update(state)
         if bar is not None:
             bar.update(1)
         if log_now:
@@ -565,9 +570,12 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     if bar is not None:
         bar.close()
     epochs = state["tokens"] / max(sum(tgt_lens), 1)
-    return {"model": model, "params": model.num_parameters(), "updates": state["step"], "wall_s": round(state["wall"], 1),
-            "tok_per_s": round(state["tokens"] / max(state["wall"], 1e-9), 1), "epochs": round(epochs, 3),
-            "curve": curve, "finished": state["step"] >= prof.max_steps, "precision": prec.mode}
+    out = {"model": model, "params": model.num_parameters(), "updates": state["step"], "wall_s": round(state["wall"], 1),
+           "tok_per_s": round(state["tokens"] / max(state["wall"], 1e-9), 1), "epochs": round(epochs, 3),
+           "curve": curve, "finished": state["step"] >= prof.max_steps, "precision": prec.mode}
+    if torch.device(device).type == "cuda":
+        out["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    return out
 
 
 def _save(model, opt, prec: Precision, state, path: Path, finished: bool) -> None:

@@ -4,6 +4,7 @@
         [--seeds 0,1] [--direction fr-en|en-fr] [--data-dir D] [--out runs/NAME] [--resume] [--jobs N]
     python -m posenc_lib.wmt14 score runs/NAME          # BERTScore, paired bootstrap, figures, later
     python -m posenc_lib.wmt14 make-data --src ../shared/data/wmt14-fr-en --out data-gpu --pairs 600000
+    python -m posenc_lib.wmt14 calibrate --profile gpu --data-dir data-gpu --jobs auto --budget-min 15
 
 For each scheme and seed: train (train.py), translate both test sets, score
 them (evaluate.py), and write ``MODEL/result.json`` as soon as that model is
@@ -53,6 +54,8 @@ DIRECTIONS = ("fr-en", "en-fr")
 TESTS = ("heldout", "newstest2014")
 #: profile fields that only change evaluation; they may differ between sittings of one run
 EVAL_FIELDS = ("eval_limit", "beam", "length_penalty", "bertscore", "bootstrap_samples")
+#: profile fields the encoded training and validation pairs depend on
+DATA_FIELDS = ("tokenizer", "vocab_size", "max_tokens", "max_train_pairs", "val_pairs")
 #: profile fields that change memory use, not the recipe: a run may resume with another value (e.g. after OOM)
 MEMORY_FIELDS = ("micro_batch_tokens",)
 
@@ -65,6 +68,31 @@ def parse_pes(text: str) -> list[str]:
     if not pes:
         raise ValueError(f"no positional encoding given in {text!r}; valid choices: {', '.join(PE_TYPES)} or 'all'")
     return list(dict.fromkeys(pes))
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: comma-separated integers, at least one."""
+    seeds = []
+    for s in text.split(","):
+        if s.strip():
+            try:
+                seeds.append(int(s))
+            except ValueError:
+                raise ValueError(f"--seeds must be comma-separated integers, got {s.strip()!r}") from None
+    if not seeds:
+        raise ValueError(f"--seeds must name at least one integer seed, got {text!r}")
+    return seeds
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    """``--set FIELD=VALUE`` items as a dict (the values are checked by :func:`get_profile`)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set needs FIELD=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
 
 
 def _log(msg: str) -> None:
@@ -99,12 +127,19 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
     tok = get_tokenizer(prof.tokenizer, bpe_lines, vocab_size=prof.vocab_size, cache=run_dir / "tokenizer.json",
                         vocab=vocab)
     cache = work_dir / f"data-{direction}.pt"
+    # the settings the encoded pairs depend on: a cache made with others is refused, not silently reused
+    key = {"direction": direction, **{k: getattr(prof, k) for k in DATA_FIELDS}}
     if cache.is_file():
         try:
             data = torch.load(cache, weights_only=False)
         except Exception as err:  # noqa: BLE001 (cut off, overwritten, not a torch file)
             raise ValueError(f"data cache {cache} is unreadable ({type(err).__name__}); delete it: it is "
                              "rebuilt from the data files") from None
+        diff = [f"{k} {data['key'][k]!r} (now {v!r})" for k, v in key.items()
+                if "key" in data and k in data["key"] and data["key"][k] != v]
+        if diff:
+            raise ValueError(f"data cache {cache} was made with other settings: {', '.join(diff)}; delete it "
+                             "(it is rebuilt from the data files) or use another --out (or --ckpt-dir) folder")
     else:
         src, tgt = tok.encode(splits["train"][pick[src_lang]]), tok.encode(splits["train"][pick[tgt_lang]])
         keep = [i for i in range(len(src)) if 0 < len(src[i]) <= prof.max_tokens and 0 < len(tgt[i]) <= prof.max_tokens]
@@ -124,6 +159,7 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
             "stats": {"train_pairs_read": len(src), "train_pairs_kept": len(keep),
                       "train_target_tokens": sum(len(tgt[i]) + 1 for i in keep),
                       "dev_pairs": len(dev_idx), "source": where},
+            "key": key,
         }  # fmt: skip
         if dist_info()[0] == 0:
             atomic_torch_save(data, cache)
@@ -305,7 +341,8 @@ def _job(pe: str, seed: int, ctx: dict) -> dict:
     if rank == 0:
         for name, hyp in hyps.items():
             atomic_write_text(model_dir / f"hyp.{name}.txt", "".join(h + "\n" for h in hyp))
-        summary = {k: tr[k] for k in ("params", "updates", "wall_s", "tok_per_s", "epochs", "precision", "curve")}
+        keys = ("params", "updates", "wall_s", "tok_per_s", "epochs", "precision", "peak_mem_gib", "curve")
+        summary = {k: tr[k] for k in keys if k in tr}
         atomic_write_json(model_dir / "result.json", {"pe": pe, "seed": seed, **summary, **res})
         h = res["tests"]["heldout"]
         log(f"{model_dir.name}: in-domain BLEU {h['bleu']:.2f} chrF {h['chrf']:.2f} "
@@ -746,9 +783,14 @@ def main(argv: list[str] | None = None) -> int:
         return _score_main(argv[1:])
     if argv and argv[0] == "make-data":
         return _make_data_main(argv[1:])
+    if argv and argv[0] == "calibrate":
+        from .calibrate import main as calibrate_main
+
+        return calibrate_main(argv[1:])
     ap = _Parser(prog="python -m posenc_lib.wmt14", description=__doc__.split("\n\n")[0],
                  epilog="Other commands: 'score RUN_DIR' (BERTScore, bootstrap, figures for a finished run), "
-                        "'make-data --src D --out D' (a larger --data-dir); each has --help.")
+                        "'make-data --src D --out D' (a larger --data-dir), 'calibrate' (time a few updates "
+                        "per scheme on this machine and fit max_steps to a time budget); each has --help.")
     ap.add_argument("--profile", default="cpu", choices=list(PROFILES))
     ap.add_argument("--pe", default=",".join(DEFAULT_PES), help="comma-separated schemes or 'all'")
     ap.add_argument("--seeds", default="0", help="comma-separated integers")
@@ -768,28 +810,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    overrides = {}
-    for item in args.set:
-        if "=" not in item:
-            ap.error(f"--set needs FIELD=VALUE, got {item!r}")
-        k, v = item.split("=", 1)
-        overrides[k.strip()] = v.strip()
-    if args.tokenizer:
-        overrides["tokenizer"] = args.tokenizer
-    if args.beam is not None:
-        overrides["beam"] = str(args.beam)
     try:
+        overrides = parse_sets(args.set)
+        if args.tokenizer:
+            overrides["tokenizer"] = args.tokenizer
+        if args.beam is not None:
+            overrides["beam"] = str(args.beam)
         prof = get_profile(args.profile, overrides)
         pes = parse_pes(args.pe)
-        seeds = []
-        for s in args.seeds.split(","):
-            if s.strip():
-                try:
-                    seeds.append(int(s))
-                except ValueError:
-                    raise ValueError(f"--seeds must be comma-separated integers, got {s.strip()!r}") from None
-        if not seeds:
-            raise ValueError(f"--seeds must name at least one integer seed, got {args.seeds!r}")
+        seeds = parse_seeds(args.seeds)
         for flag, v in (("--threads", args.threads), ("--stop-after", args.stop_after)):
             if v is not None and v < 1:
                 raise ValueError(f"{flag} must be a positive integer, got {v}")

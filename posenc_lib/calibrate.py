@@ -1,0 +1,357 @@
+"""Calibrate a WMT14 run on the machine that will make it: a few timed updates per scheme, then a plan.
+
+    python -m posenc_lib.wmt14 calibrate --profile gpu --data-dir data-gpu --pe none,sinusoidal,shaw,rope \\
+        --seeds 0,1 --jobs auto --budget-min 15 [--out runs/wmt14-gpu]
+
+The profile's sizes (``benchmarks/README.md``, "Sizing the gpu profile") are arithmetic until they
+are measured.  This command measures, with the run's own data, model and training loop:
+
+* **time per update** and target tokens/s of every scheme, with as many models training at once as
+  the run will train (``--jobs``): ``--warm`` updates first (allocator, kernels), then all processes
+  wait for each other and time ``--updates`` updates between two device synchronisations;
+* **peak memory** per process (GPU: allocated and reserved; CPU: resident set);
+* **start-up** (process, data, model, first validation), one **validation** pass, and **decoding**
+  a sample of newstest2014 (greedy or the profile's beam), scaled by source tokens to the run's three
+  test passes (held-out, held-out shuffled, newstest2014).  The barely trained model rarely stops
+  early, so the decoding estimate errs long.
+
+From these it projects the run's wall time (models in the run's order, ``jobs`` at a time) and the
+largest ``max_steps`` that fits ``--budget-min`` for one, two and three seeds, with the warm-up scaled
+in proportion, and prints the command to run.  Everything goes to ``OUT/calibration.json``; the
+tokenizer and encoded data it prepares are the run's own (``OUT/tokenizer.json``, ``OUT-ckpt/``), so
+the run that follows does not prepare them again.  Nothing of the timed models is kept.
+"""
+from __future__ import annotations
+
+import math
+import resource
+import shutil
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from .evaluate import translate
+from .schemes import canonical_pe
+from .tokenizer import get_tokenizer
+from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
+from .utils import CliParser, atomic_write_json, available_cores, check_positive_int
+from .wmt14 import (DIRECTIONS, DEFAULT_PES, default_ckpt_dir, hardware, parse_pes, parse_seeds, parse_sets,
+                    prepare_data, resolve_jobs)
+
+#: how long a process waits for the others before timing alone (s)
+BARRIER_TIMEOUT_S = 900.0
+#: defaults: untimed and timed updates per scheme, newstest2014 sentences decoded
+WARM, UPDATES, SAMPLE = 5, 20, 300
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_memory(device: str) -> dict:
+    if torch.device(device).type == "cuda":
+        return {"peak_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+                "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2)}
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return {"peak_rss_gib": round(rss_kib / 2**20, 2)}
+
+
+def timing_profile(prof: Profile, warm: int, updates: int) -> Profile:
+    """The profile with logging, validation and checkpoints pushed past the timed window (same model,
+    data, batches and learning rate otherwise), and room for ``warm + updates`` updates."""
+    span = warm + updates + 1
+    return replace(prof, max_steps=max(prof.max_steps, span), log_every=span, val_every=span, ckpt_every=span)
+
+
+def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None) -> dict:
+    """Time one scheme's updates, validation and decoding (run in its own process when ``jobs > 1``)."""
+    if threads:
+        torch.set_num_threads(threads)
+    device, warm, updates = ctx["device"], ctx["warm"], ctx["updates"]
+    prof = timing_profile(ctx["prof"], warm, updates)
+    tok, data = ctx.get("tok"), ctx.get("data")
+    if tok is None:
+        tok = get_tokenizer(prof.tokenizer, cache=Path(ctx["run_dir"]) / "tokenizer.json", vocab=ctx["vocab"])
+        data = torch.load(ctx["data_cache"], weights_only=False)
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    work = Path(ctx["work_dir"]) / pe
+    marks: dict = {"aligned": True if barrier is None else None}  # None: never reached the barrier
+
+    def on_update(state):
+        step = state["step"]
+        if step == 1:
+            _sync(device)
+            marks["first"] = time.time()
+        if step == warm:
+            _sync(device)
+            if barrier is not None:
+                try:
+                    barrier.wait(BARRIER_TIMEOUT_S)
+                    marks["aligned"] = True
+                except Exception:  # noqa: BLE001 (threading.BrokenBarrierError through a manager proxy)
+                    marks["aligned"] = False
+            marks["t0"], marks["tok0"] = time.perf_counter(), state["tokens"]
+        if step == warm + updates:
+            _sync(device)
+            marks["t1"], marks["tok1"] = time.perf_counter(), state["tokens"]
+
+    try:
+        tr = train_model(pe, 0, prof, data, tok, work, device=device, progress=False, stop_after=warm + updates,
+                         ckpt_dir=work, log=lambda m: None, on_update=on_update)
+        model = tr["model"]
+        prec = Precision(tr["precision"], device)
+        _sync(device)
+        t = time.perf_counter()
+        validation_loss(model, data["dev"], tok, device, prec)
+        _sync(device)
+        val_s = time.perf_counter() - t
+        sample = ctx["sample"]
+        t = time.perf_counter()
+        hyps = translate(model, tok, sample, beam=prof.beam, alpha=prof.length_penalty, device=device)
+        _sync(device)
+        decode_s = time.perf_counter() - t
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    window = marks["t1"] - marks["t0"]
+    return {"pe": pe, "s_per_update": round(window / updates, 5),
+            "tok_per_s": round((marks["tok1"] - marks["tok0"]) / window, 1),
+            "startup_s": round(marks["first"] - ctx["t_submit"], 2), "val_s": round(val_s, 3),
+            "decode_sample_s": round(decode_s, 3),
+            "hyp_words_per_src_word": round(sum(len(h.split()) for h in hyps) / max(sum(len(s.split()) for s in sample), 1), 2),
+            "aligned": marks["aligned"], "precision": tr["precision"], **_peak_memory(device)}  # fmt: skip
+
+
+def run_order(pes: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """The order in which ``wmt14.run`` trains its models: seed by seed, schemes in the given order."""
+    return [(pe, seed) for seed in seeds for pe in pes]
+
+
+def project(schemes: dict[str, dict], pes: list[str], seeds: list[int], jobs: int, max_steps: int, val_every: int,
+            decode_scale: float, overhead_s: float = 0.0) -> dict:
+    """Projected wall time of a run: each model costs its start-up, ``max_steps`` updates, its validation
+    passes (step 0 and every ``val_every``) and its decoding (the sample's time x ``decode_scale``); the
+    models start in the run's order on the first of ``jobs`` free slots; ``overhead_s`` comes first
+    (reading the data). Returns ``{"wall_s", "per_model_s": {name: s}}``."""
+    slots = [overhead_s] * jobs
+    per = {}
+    for pe, seed in run_order(pes, seeds):
+        m = schemes[pe]
+        cost = (m["startup_s"] + max_steps * m["s_per_update"] + (max_steps // val_every + 1) * m["val_s"]
+                + m["decode_sample_s"] * decode_scale)
+        i = min(range(jobs), key=slots.__getitem__)
+        slots[i] += cost
+        per[f"{pe}-seed{seed}"] = round(cost, 1)
+    return {"wall_s": round(max(slots), 1), "per_model_s": per}
+
+
+def largest_fit(schemes, pes, seeds, jobs, prof: Profile, decode_scale, overhead_s, budget_s) -> int | None:
+    """The largest ``max_steps`` (a multiple of the profile's ``log_every``) whose projected run fits
+    ``budget_s``; None when even ``log_every`` updates do not."""
+    unit = prof.log_every
+
+    def fits(n):
+        return project(schemes, pes, seeds, jobs, n * unit, prof.val_every, decode_scale, overhead_s)["wall_s"] <= budget_s
+
+    if not fits(1):
+        return None
+    lo, hi = 1, 2
+    while fits(hi) and hi < 10**7:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo * unit
+
+
+def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction: str = "fr-en", data_dir=None,
+              source: str = "auto", vocab=None, device: str | None = None, jobs: int | str = "auto",
+              warm: int = WARM, updates: int = UPDATES, sample: int = SAMPLE, budget_min: float = 15.0, ckpt_dir=None,
+              threads: int | None = None, log=print) -> dict:
+    """Measure every scheme on this machine, project the run and fit ``max_steps`` to ``budget_min``;
+    writes and returns ``OUT/calibration.json``'s content."""
+    pes = [canonical_pe(p) for p in pes]
+    for flag, v in (("--warm", warm), ("--updates", updates), ("--sample", sample)):
+        check_positive_int(flag, v)
+    if not (isinstance(budget_min, (int, float)) and math.isfinite(budget_min) and budget_min > 0):
+        raise ValueError(f"--budget-min must be a positive number of minutes, got {budget_min!r}")
+    run_dir = Path(out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    if device is None:
+        device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    precision = resolve_precision(prof.precision, device)
+    jobs = resolve_jobs(jobs, device, len(pes) * len(seeds))
+    kw = dict(direction=direction, data_dir=data_dir, source=source, vocab=vocab, work_dir=ckpt_root)
+    cached = (ckpt_root / f"data-{direction}.pt").is_file()
+    t = time.perf_counter()
+    tok, data, splits = prepare_data(prof, run_dir, log=log, **kw)
+    prep_s = time.perf_counter() - t
+    if cached:  # what the run pays to read the data back
+        load_s = prep_s
+    else:
+        t = time.perf_counter()
+        tok, data, splits = prepare_data(prof, run_dir, log=lambda m: None, **kw)
+        load_s = time.perf_counter() - t
+    src_i = 0 if direction.split("-")[0] == "fr" else 1
+    tests = {name: splits[name][src_i][: prof.eval_limit] for name in ("heldout", "newstest2014")}
+    pool_src = tests["newstest2014"]
+    stride = max(1, len(pool_src) // sample)
+    picks = pool_src[::stride][:sample]
+
+    def src_tokens(lines):
+        return sum(min(len(ids), 249) + 1 for ids in tok.encode(lines))
+
+    test_tokens = 2 * src_tokens(tests["heldout"]) + src_tokens(tests["newstest2014"])  # held-out twice: shuffled
+    decode_scale = test_tokens / src_tokens(picks)
+    work_dir = ckpt_root / "calibration"
+    ctx = {"prof": prof, "device": device, "warm": warm, "updates": updates, "run_dir": str(run_dir),
+           "vocab": None if vocab is None else str(vocab), "data_cache": str(ckpt_root / f"data-{direction}.pt"),
+           "work_dir": str(work_dir), "sample": picks}
+    concurrent = min(jobs, len(pes))
+    log(f"calibrating on {device} ({precision}): {warm} + {updates} timed updates per scheme, {concurrent} at a time; "
+        f"decoding {len(picks)} newstest2014 sentences")
+    schemes: dict[str, dict] = {}
+    try:
+        for g in range(0, len(pes), concurrent):
+            group = pes[g : g + concurrent]
+            if len(group) == 1:
+                res = [measure_scheme(group[0], dict(ctx, tok=tok, data=data, t_submit=time.time()))]
+            else:
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor
+
+                spawn = mp.get_context("spawn")
+                per_threads = threads or max(1, available_cores() // len(group))
+                with spawn.Manager() as manager, ProcessPoolExecutor(len(group), mp_context=spawn) as pool:
+                    barrier = manager.Barrier(len(group))
+                    futures = [pool.submit(measure_scheme, pe, dict(ctx, t_submit=time.time()), barrier, per_threads)
+                               for pe in group]
+                    res = [f.result() for f in futures]
+            for r in res:
+                r["concurrent"] = len(group)
+                schemes[r["pe"]] = r
+                log(f"  {r['pe']}: {r['s_per_update'] * 1000:.1f} ms per update ({r['tok_per_s']:,.0f} target tokens/s), "
+                    f"start-up {r['startup_s']:.0f} s, decoding sample {r['decode_sample_s']:.1f} s")
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    budget_s = 60.0 * budget_min
+    plan = project(schemes, pes, seeds, jobs, prof.max_steps, prof.val_every, decode_scale, load_s)
+    fits = []
+    for n in (1, 2, 3):
+        s_list = list(range(n))
+        steps = largest_fit(schemes, pes, s_list, jobs, prof, decode_scale, load_s, budget_s)
+        row = {"seeds": n, "max_steps": steps}
+        if steps is not None:
+            row["warmup"] = max(1, round(prof.warmup * steps / prof.max_steps))
+            row["wall_min"] = round(project(schemes, pes, s_list, jobs, steps, prof.val_every, decode_scale,
+                                            load_s)["wall_s"] / 60, 2)
+        fits.append(row)
+    mine = largest_fit(schemes, pes, seeds, jobs, prof, decode_scale, load_s, budget_s)
+    command = None
+    if mine is not None:
+        warmup = max(1, round(prof.warmup * mine / prof.max_steps))
+        parts = [f"python -m posenc_lib.wmt14 --profile {prof.name} --pe {','.join(pes)} --seeds {','.join(map(str, seeds))}",
+                 f"--direction {direction}" if direction != "fr-en" else "",
+                 f"--data-dir {data_dir}" if data_dir else "", f"--out {run_dir}",
+                 f"--ckpt-dir {ckpt_dir}" if ckpt_dir else "", f"--jobs {jobs} --resume",
+                 *[f"--set {k}={_text(v)}" for k, v in asdict(prof).items()
+                   if v != getattr(PROFILES[prof.name], k) and k not in ("max_steps", "warmup")],
+                 f"--set max_steps={mine} --set warmup={warmup}"]
+        command = " ".join(p for p in parts if p)
+    total_gib = None
+    if torch.device(device).type == "cuda":
+        total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    need = None if total_gib is None else max(r["peak_reserved_gib"] for r in schemes.values()) * jobs
+    result = {
+        "hardware": hardware(device, precision), "profile": asdict(prof), "pes": pes, "seeds": seeds, "jobs": jobs,
+        "warm": warm, "updates": updates, "prep_s": round(prep_s, 1), "load_s": round(load_s, 1),
+        "decode_sample_sentences": len(picks), "decode_scale": round(decode_scale, 3), "schemes": schemes,
+        "budget_min": budget_min,
+        "projection": {"max_steps": prof.max_steps, "wall_min": round(plan["wall_s"] / 60, 2),
+                       "per_model_s": plan["per_model_s"]},
+        "fits": fits, "max_steps_for_seeds": mine, "command": command,
+        "memory": {"gpu_gib": None if total_gib is None else round(total_gib, 1),
+                   "reserved_gib_all_jobs": None if need is None else round(need, 1),
+                   "fits": None if need is None else need <= 0.95 * total_gib},
+    }  # fmt: skip
+    atomic_write_json(run_dir / "calibration.json", result)
+    _report(result, log)
+    return result
+
+
+def _text(value) -> str:
+    """A profile value as ``--set`` reads it back."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _report(r: dict, log=print) -> None:
+    mem_key = "peak_reserved_gib" if r["memory"]["gpu_gib"] is not None else "peak_rss_gib"
+    log(f"{'scheme':<12}{'ms/update':>10}{'tokens/s':>12}{'peak GiB':>10}{'start-up s':>12}{'val s':>8}{'decode s':>10}")
+    for pe, m in r["schemes"].items():
+        log(f"{pe:<12}{m['s_per_update'] * 1000:>10.1f}{m['tok_per_s']:>12,.0f}{m[mem_key]:>10.2f}{m['startup_s']:>12.1f}"
+            f"{m['val_s']:>8.2f}{m['decode_sample_s'] * r['decode_scale']:>10.1f}")
+    n = len(r["pes"]) * len(r["seeds"])
+    log(f"projected: {n} models, {r['jobs']} at a time, max_steps {r['projection']['max_steps']}: "
+        f"{r['projection']['wall_min']:.1f} min of wall time (budget {r['budget_min']:g} min)")
+    log("largest max_steps within the budget: " + " | ".join(
+        f"{f['seeds']} seed{'s' if f['seeds'] > 1 else ''} {f['max_steps'] if f['max_steps'] else 'none fits'}"
+        for f in r["fits"]))
+    if r["memory"]["fits"] is False:
+        log(f"warning: {r['jobs']} processes would reserve {r['memory']['reserved_gib_all_jobs']} GiB of "
+            f"{r['memory']['gpu_gib']} GiB: lower --jobs or set micro_batch_tokens")
+    log(f"run: {r['command']}" if r["command"] else "no max_steps fits the budget with these seeds: raise --budget-min "
+        "or train fewer models")
+    log(f"calibration written to calibration.json ({r['hardware']['device']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = CliParser(prog="python -m posenc_lib.wmt14 calibrate",
+                   description="Time a few updates per scheme on this machine, project the run's wall time and "
+                               "fit max_steps to a time budget (writes OUT/calibration.json).")
+    ap.add_argument("--profile", default="gpu", choices=list(PROFILES))
+    ap.add_argument("--pe", default=",".join(DEFAULT_PES), help="comma-separated schemes or 'all'")
+    ap.add_argument("--seeds", default="0,1", help="the seeds the run will train (comma-separated integers)")
+    ap.add_argument("--direction", default="fr-en", choices=DIRECTIONS)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--source", default="auto", choices=["auto", "hub", "files"])
+    ap.add_argument("--vocab", default=None)
+    ap.add_argument("--out", default=None, help="the run folder (default runs/wmt14-PROFILE)")
+    ap.add_argument("--ckpt-dir", default=None)
+    ap.add_argument("--jobs", default="auto", help="models the run will train at once (an integer or 'auto')")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    ap.add_argument("--warm", type=int, default=WARM, help=f"untimed updates first (default {WARM})")
+    ap.add_argument("--updates", type=int, default=UPDATES, help=f"timed updates per scheme (default {UPDATES})")
+    ap.add_argument("--sample", type=int, default=SAMPLE, help=f"newstest2014 sentences decoded (default {SAMPLE})")
+    ap.add_argument("--budget-min", type=float, default=15.0, help="wall-time budget of the run (default 15)")
+    args = ap.parse_args(argv)
+    try:
+        prof = get_profile(args.profile, parse_sets(args.set))
+        pes, seeds = parse_pes(args.pe), parse_seeds(args.seeds)
+        if args.jobs.strip().lower() != "auto":
+            resolve_jobs(args.jobs, "cpu", 1)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be a positive integer, got {args.threads}")
+    except ValueError as err:
+        ap.error(str(err))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        calibrate(prof, pes, seeds, args.out or f"runs/wmt14-{prof.name}", direction=args.direction,
+                  data_dir=args.data_dir, source=args.source, vocab=args.vocab, jobs=args.jobs, warm=args.warm,
+                  updates=args.updates, sample=args.sample, budget_min=args.budget_min, ckpt_dir=args.ckpt_dir,
+                  threads=args.threads)
+    except (FileNotFoundError, ValueError, ConnectionError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

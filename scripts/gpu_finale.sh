@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The WMT14 finale on one GPU, unattended: the CUDA tests, a calibration that fits max_steps to a time
+# budget, the run itself, and (with BENCH=1) the benchmark suite in bf16. Each stage is logged with its
+# time; every model's result is written the moment it finishes, so a cut-off run keeps what finished.
+#
+#   bash scripts/gpu_finale.sh start [BUDGET_MIN]  # launch in the background (outlives this shell), then follow
+#   bash scripts/gpu_finale.sh follow [SECONDS]    # print the log as it grows until done or SECONDS pass (540)
+#   bash scripts/gpu_finale.sh pack DEST           # run folder (no checkpoints), log, benchmarks: DEST/wmt14-gpu.tar.gz
+#
+# BUDGET_MIN (default 14) is the wall time the run itself may take, after the tests and the calibration.
+# Settings from the environment: PYTHON (python3), DATA (data-gpu, made by `python -m posenc_lib.wmt14
+# make-data`), RUN_DIR (runs/wmt14-gpu), PROFILE (gpu), PES (none,sinusoidal,shaw,rope), SEEDS (0,1),
+# JOBS (auto), EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+DATA=${DATA:-data-gpu}
+RUN=${RUN_DIR:-runs/wmt14-gpu}
+PROFILE=${PROFILE:-gpu}
+PES=${PES:-none,sinusoidal,shaw,rope}
+SEEDS=${SEEDS:-0,1}
+JOBS=${JOBS:-auto}
+EXTRA=${EXTRA:-}
+BENCH=${BENCH:-0}
+LOG=$RUN.log
+DONE=$RUN.done
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+stages() {
+  local budget=$1 cmd
+  stamp "machine"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+  stamp "CUDA tests"
+  mkdir -p "$RUN"
+  # a failure is recorded and the run goes on: its results say on what they were measured
+  if "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py > "$RUN/cuda_tests.txt" 2>&1; then
+    tail -n 1 "$RUN/cuda_tests.txt"
+  else
+    echo "CUDA tests FAILED (see $RUN/cuda_tests.txt); going on"; tail -n 15 "$RUN/cuda_tests.txt"
+  fi
+  stamp "calibration (budget $budget min)"
+  # shellcheck disable=SC2086 # EXTRA is a list of arguments
+  "$PY" -m posenc_lib.wmt14 calibrate --profile "$PROFILE" --data-dir "$DATA" --pe "$PES" --seeds "$SEEDS" \
+    --jobs "$JOBS" --out "$RUN" --budget-min "$budget" $EXTRA
+  cmd=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['command'] or '')" "$RUN/calibration.json")
+  if [ -z "$cmd" ]; then echo "no max_steps fits the budget"; return 1; fi
+  stamp "run: $cmd"
+  # shellcheck disable=SC2086 # the command is a list of arguments without spaces inside them
+  "$PY" ${cmd#python } --no-progress
+  if [ "$BENCH" = 1 ]; then
+    stamp "benchmarks (bf16, FlexAttention)"
+    POSENC_FLEX=1 "$PY" -m benchmarks.run --device cuda --dtype bfloat16 --lengths 256,1024,4096 \
+      --memory-length 4096 --out "$RUN-bench" || echo "benchmarks FAILED"
+  fi
+  stamp "finished"
+}
+
+follow() {
+  local limit=${1:-540} shown=0 n t0=$SECONDS
+  while :; do
+    if [ -f "$LOG" ]; then
+      n=$(wc -l < "$LOG")
+      if [ "$n" -gt "$shown" ]; then sed -n "$((shown + 1)),${n}p" "$LOG"; shown=$n; fi
+    fi
+    if [ -f "$DONE" ]; then echo "exit status $(cat "$DONE")"; return 0; fi
+    if [ $((SECONDS - t0)) -ge "$limit" ]; then echo "still running after ${limit} s"; return 0; fi
+    sleep 5
+  done
+}
+
+case "${1:-}" in
+  start)
+    budget=${2:-14}
+    rm -f "$DONE"
+    mkdir -p "$(dirname "$RUN")"
+    setsid nohup bash -c "set -o pipefail; bash '$0' _stages '$budget'; echo \$? > '$DONE'" > "$LOG" 2>&1 < /dev/null &
+    follow 540
+    ;;
+  _stages) stages "${2:?budget}" ;;
+  follow) follow "${2:-540}" ;;
+  pack)
+    dest=${2:?usage: gpu_finale.sh pack DEST}
+    mkdir -p "$dest"
+    parts=("$RUN")
+    for extra in "$LOG" "$DONE" "$RUN-bench"; do [ -e "$extra" ] && parts+=("$extra"); done
+    tar -czf "$dest/wmt14-gpu.tar.gz.tmp" --exclude='*.pt' --exclude='*.pt.tmp*' "${parts[@]}"
+    mv "$dest/wmt14-gpu.tar.gz.tmp" "$dest/wmt14-gpu.tar.gz"
+    ls -l "$dest/wmt14-gpu.tar.gz"
+    ;;
+  *)
+    echo "usage: bash scripts/gpu_finale.sh start [BUDGET_MIN] | follow [SECONDS] | pack DEST" >&2
+    exit 2
+    ;;
+esac
