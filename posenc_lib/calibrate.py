@@ -24,6 +24,7 @@ the run that follows does not prepare them again.  Nothing of the timed models i
 from __future__ import annotations
 
 import math
+import os
 import resource
 import shutil
 import sys
@@ -79,7 +80,7 @@ def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None)
         data = torch.load(ctx["data_cache"], weights_only=False)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    work = Path(ctx["work_dir"]) / pe
+    work = Path(ctx["work_dir"]) / f"{pe}-{os.getpid()}"  # a scheme may be trained twice at once
     marks: dict = {"aligned": True if barrier is None else None}  # None: never reached the barrier
 
     def on_update(state):
@@ -220,6 +221,9 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
     try:
         for g in range(0, len(pes), concurrent):
             group = pes[g : g + concurrent]
+            # a last, smaller group trains beside schemes measured already (their second figures are
+            # dropped), so that every scheme is timed with as many models at once as the run will train
+            group += pes[: concurrent - len(group)]
             if len(group) == 1:
                 res = [measure_scheme(group[0], dict(ctx, tok=tok, data=data, t_submit=time.time()))]
             else:
@@ -233,7 +237,7 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
                     futures = [pool.submit(measure_scheme, pe, dict(ctx, t_submit=time.time()), barrier, per_threads)
                                for pe in group]
                     res = [f.result() for f in futures]
-            for r in res:
+            for r in res[: len(pes[g : g + concurrent])]:
                 r["concurrent"] = len(group)
                 schemes[r["pe"]] = r
                 log(f"  {r['pe']}: {r['s_per_update'] * 1000:.1f} ms per update ({r['tok_per_s']:,.0f} target tokens/s), "

@@ -115,6 +115,16 @@ def test_calibrate_two_processes_on_the_cpu_and_the_command_it_prints(tmp_path):
     assert (out / "none-seed0" / "result.json").is_file() and (ckpt / "data-fr-en.pt").stat().st_mtime_ns == stamp
 
 
+def test_a_last_smaller_group_is_timed_beside_schemes_measured_already(tmp_path):
+    d = tiny_dir(tmp_path)
+    prof = tiny_profile(max_steps=40, log_every=10, val_every=20, ckpt_every=20, warmup=8)
+    res = calibrate(prof, ["none", "rope", "alibi"], [0], tmp_path / "run", data_dir=d, source="files", jobs=2,
+                    threads=1, warm=2, updates=3, sample=3, budget_min=1.0, log=lambda m: None)
+    assert list(res["schemes"]) == ["none", "rope", "alibi"]  # alibi once, though none trained beside it again
+    assert all(m["concurrent"] == 2 and m["aligned"] is True for m in res["schemes"].values())
+    assert not (default_ckpt_dir(tmp_path / "run") / "calibration").exists()
+
+
 def test_a_data_cache_made_with_other_settings_is_refused(tmp_path):
     d = tiny_dir(tmp_path)
     kw = dict(data_dir=d, source="files", log=lambda m: None)
