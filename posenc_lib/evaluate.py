@@ -39,8 +39,14 @@ def pad_batch(rows: list[list[int]], pad_id: int) -> torch.Tensor:
 
 @torch.no_grad()
 def translate(model, tok, sources: list[str], *, batch_tokens: int = 4000, max_src_tokens: int = 250,
-              beam: int = 1, alpha: float = 0.6, device: str = "cpu", use_cache: bool = True) -> list[str]:
-    """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens)."""
+              beam: int = 1, alpha: float = 0.6, device: str = "cpu", use_cache: bool = True,
+              stop_at_eos: bool = True) -> list[str]:
+    """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens).
+
+    ``stop_at_eos=False`` (greedy only): every batch decodes its whole budget of 1.5 x its longest
+    source + 10 tokens, however early the sentences end: the longest decoding can take (for timing)."""
+    if not stop_at_eos and beam > 1:
+        raise ValueError(f"stop_at_eos=False is for greedy decoding (beam=1), got beam={beam}")
     ids = [r[: max_src_tokens - 1] + [tok.eos_id] for r in tok.encode(sources)]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[str] = [""] * len(ids)
@@ -53,7 +59,7 @@ def translate(model, tok, sources: list[str], *, batch_tokens: int = 4000, max_s
         src = pad_batch([ids[c] for c in chunk], tok.pad_id).to(device)
         mask = src == tok.pad_id
         width = src.shape[1]
-        kw = dict(max_new_tokens=int(1.5 * width) + 10, bos_id=tok.bos_id, eos_id=tok.eos_id,
+        kw = dict(max_new_tokens=int(1.5 * width) + 10, bos_id=tok.bos_id, eos_id=tok.eos_id if stop_at_eos else None,
                   src_key_padding_mask=mask, pad_id=tok.pad_id)
         if beam > 1:
             ys = beam_search(model, src, beam=beam, alpha=alpha, **kw)

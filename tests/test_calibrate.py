@@ -125,6 +125,34 @@ def test_a_last_smaller_group_is_timed_beside_schemes_measured_already(tmp_path)
     assert not (default_ckpt_dir(tmp_path / "run") / "calibration").exists()
 
 
+def test_translate_without_early_stop_decodes_every_batch_to_its_budget(tmp_path, monkeypatch):
+    import posenc_lib.evaluate as ev
+    from posenc_lib import build_model
+
+    d = tiny_dir(tmp_path)
+    tok, _, splits = prepare_data(tiny_profile(), tmp_path / "run", data_dir=d, source="files", log=lambda m: None)
+    model = build_model("rope", tok.vocab_size, pad_id=tok.pad_id, d_model=16, n_heads=2, num_layers=1,
+                        num_decoder_layers=1, dim_feedforward=32).eval()
+    seen = []
+    real = ev.greedy_decode
+
+    def spy(model, src, **kw):
+        ys = real(model, src, **kw)
+        seen.append((kw["eos_id"], kw["max_new_tokens"], src.shape[1], ys.shape[1] - 1))
+        return ys
+
+    monkeypatch.setattr(ev, "greedy_decode", spy)
+    sources = splits["newstest2014"][0][:6]
+    ev.translate(model, tok, sources, batch_tokens=60, stop_at_eos=False)
+    assert len(seen) > 1 and all(eos is None and steps == new == int(1.5 * width) + 10
+                                 for eos, new, width, steps in seen)
+    seen.clear()
+    ev.translate(model, tok, sources, batch_tokens=60)
+    assert all(eos == tok.eos_id for eos, *_ in seen)
+    with pytest.raises(ValueError, match="stop_at_eos=False is for greedy decoding"):
+        ev.translate(model, tok, sources, beam=2, stop_at_eos=False)
+
+
 def test_a_data_cache_made_with_other_settings_is_refused(tmp_path):
     d = tiny_dir(tmp_path)
     kw = dict(data_dir=d, source="files", log=lambda m: None)
@@ -188,6 +216,7 @@ def test_readme_describes_the_calibration_as_it_is():
     text = " ".join((ROOT / "README.md").read_text().split())
     assert f"`--warm` ({cal.WARM}) untimed and `--updates` ({cal.UPDATES}) timed" in text
     assert f"the decoding of {cal.SAMPLE} newstest2014 sentences" in text
+    assert "decodes 1.5 × its longest source + 10 tokens" in text
     gpu = get_profile("gpu")
     assert "(a multiple of 100)" in text and gpu.log_every == 100
     assert "(a quarter of the updates, as in the profile)" in text and gpu.warmup * 4 == gpu.max_steps
