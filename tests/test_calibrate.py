@@ -222,3 +222,12 @@ def test_readme_describes_the_calibration_as_it_is():
     assert "(a quarter of the updates, as in the profile)" in text and gpu.warmup * 4 == gpu.max_steps
     assert "bash scripts/gpu_finale.sh start 14" in text and "--lengths 256,1024,4096" in (
         ROOT / "scripts" / "gpu_finale.sh").read_text() and "L = 256, 1024 and 4096" in text
+
+
+def test_readme_quotes_the_committed_cpu_calibration_of_the_gpu_profile():
+    cal = json.loads((ROOT / "benchmarks" / "results" / "calibrate_gpu_profile_cpu.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = cal["schemes"]["none"]
+    assert cal["profile"]["name"] == "gpu" and cal["profile"]["batch_tokens"] == 24000 and cal["hardware"]["cpu_count"] == 2
+    assert (f"{cal['prep_s']:.0f} s to learn the BPE and encode the data ({cal['load_s']:.0f} s to read them back), "
+            f"{m['s_per_update']:.0f} s per 24k-token update in float32, {m['peak_rss_gib']:.1f} GiB peak memory") in text
