@@ -10,7 +10,8 @@ are measured.  This command measures, with the run's own data, model and trainin
   the run will train (``--jobs``): ``--warm`` updates first (allocator, kernels), then all processes
   wait for each other and time ``--updates`` updates between two device synchronisations;
 * **peak memory** per process (GPU: allocated and reserved; CPU: resident set);
-* **start-up** (process, data, model, first validation), one **validation** pass, and **decoding**
+* **start-up** (process, data, model, first validation), one **validation** pass, writing a
+  checkpoint's worth of tensors (weights and Adam's two moments), and **decoding**
   a sample of newstest2014, scaled by source tokens to the run's three test passes (held-out,
   held-out shuffled, newstest2014).  Greedy decoding is timed with no sentence stopping early (every
   batch decodes 1.5 x its longest source + 10 tokens), the longest it can take whatever the barely
@@ -39,7 +40,7 @@ from .evaluate import translate
 from .schemes import canonical_pe
 from .tokenizer import get_tokenizer
 from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
-from .utils import CliParser, atomic_write_json, available_cores, check_positive_int
+from .utils import CliParser, atomic_torch_save, atomic_write_json, available_cores, check_positive_int
 from .wmt14 import (DIRECTIONS, DEFAULT_PES, default_ckpt_dir, hardware, parse_pes, parse_seeds, parse_sets,
                     prepare_data, resolve_jobs)
 
@@ -117,9 +118,16 @@ def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None)
         # greedy: no sentence stops early, the longest this decoding can take (a barely trained model
         # may stop at once or never); beam search stops as it will in the run
         translate(model, tok, sample, beam=prof.beam, alpha=prof.length_penalty, device=device,
-                         stop_at_eos=prof.beam > 1)
+                  stop_at_eos=prof.beam > 1)
         _sync(device)
         decode_s = time.perf_counter() - t
+        # a checkpoint holds the weights and Adam's two moments of the same shapes: three copies
+        weights = model.state_dict()
+        moments = [{k: v.clone() for k, v in weights.items()} for _ in range(2)]  # shared tensors are saved once
+        _sync(device)
+        t = time.perf_counter()
+        atomic_torch_save({"model": weights, "exp_avg": moments[0], "exp_avg_sq": moments[1]}, work / "checkpoint.pt")
+        ckpt_s = time.perf_counter() - t
     finally:
         shutil.rmtree(work, ignore_errors=True)
     window = marks["t1"] - marks["t0"]
@@ -127,7 +135,7 @@ def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None)
             "tok_per_s": round((marks["tok1"] - marks["tok0"]) / window, 1),
             # to the end of the first update, less one update's time: process, data, model, first validation
             "startup_s": round(max(0.0, marks["first"] - ctx["t_submit"] - window / updates), 2),
-            "val_s": round(val_s, 3), "decode_sample_s": round(decode_s, 3),
+            "val_s": round(val_s, 3), "ckpt_s": round(ckpt_s, 3), "decode_sample_s": round(decode_s, 3),
             "decode_mode": "beam, stops at </s>" if prof.beam > 1 else "greedy, no early stop (upper bound)",
             "aligned": marks["aligned"], "precision": tr["precision"], **_peak_memory(device)}  # fmt: skip
 
@@ -137,18 +145,24 @@ def run_order(pes: list[str], seeds: list[int]) -> list[tuple[str, int]]:
     return [(pe, seed) for seed in seeds for pe in pes]
 
 
-def project(schemes: dict[str, dict], pes: list[str], seeds: list[int], jobs: int, max_steps: int, val_every: int,
+def every(n: int, period: int) -> int:
+    """How often something done every ``period`` updates and after the last one happens in ``n`` updates."""
+    return n // period + (n % period != 0)
+
+
+def project(schemes: dict[str, dict], pes: list[str], seeds: list[int], jobs: int, prof: Profile, max_steps: int,
             decode_scale: float, overhead_s: float = 0.0) -> dict:
-    """Projected wall time of a run: each model costs its start-up, ``max_steps`` updates, its validation
-    passes (step 0 and every ``val_every``) and its decoding (the sample's time x ``decode_scale``); the
-    models start in the run's order on the first of ``jobs`` free slots; ``overhead_s`` comes first
-    (reading the data). Returns ``{"wall_s", "per_model_s": {name: s}}``."""
+    """Projected wall time of a run with ``max_steps`` updates per model: each model costs its start-up
+    (with the validation at update 0), its updates, its validation passes and checkpoints (every
+    ``prof.val_every`` / ``prof.ckpt_every`` updates and after the last) and its decoding (the sample's
+    time x ``decode_scale``); the models start in the run's order on the first of ``jobs`` free slots;
+    ``overhead_s`` comes first (reading the data). Returns ``{"wall_s", "per_model_s": {name: s}}``."""
     slots = [overhead_s] * jobs
     per = {}
     for pe, seed in run_order(pes, seeds):
         m = schemes[pe]
-        cost = (m["startup_s"] + max_steps * m["s_per_update"] + (max_steps // val_every + 1) * m["val_s"]
-                + m["decode_sample_s"] * decode_scale)
+        cost = (m["startup_s"] + max_steps * m["s_per_update"] + every(max_steps, prof.val_every) * m["val_s"]
+                + every(max_steps, prof.ckpt_every) * m["ckpt_s"] + m["decode_sample_s"] * decode_scale)
         i = min(range(jobs), key=slots.__getitem__)
         slots[i] += cost
         per[f"{pe}-seed{seed}"] = round(cost, 1)
@@ -161,7 +175,7 @@ def largest_fit(schemes, pes, seeds, jobs, prof: Profile, decode_scale, overhead
     unit = prof.log_every
 
     def fits(n):
-        return project(schemes, pes, seeds, jobs, n * unit, prof.val_every, decode_scale, overhead_s)["wall_s"] <= budget_s
+        return project(schemes, pes, seeds, jobs, prof, n * unit, decode_scale, overhead_s)["wall_s"] <= budget_s
 
     if not fits(1):
         return None
@@ -250,7 +264,7 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     budget_s = 60.0 * budget_min
-    plan = project(schemes, pes, seeds, jobs, prof.max_steps, prof.val_every, decode_scale, load_s)
+    plan = project(schemes, pes, seeds, jobs, prof, prof.max_steps, decode_scale, load_s)
     fits = []
     for n in (1, 2, 3):
         s_list = list(range(n))
@@ -258,8 +272,8 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
         row = {"seeds": n, "max_steps": steps}
         if steps is not None:
             row["warmup"] = max(1, round(prof.warmup * steps / prof.max_steps))
-            row["wall_min"] = round(project(schemes, pes, s_list, jobs, steps, prof.val_every, decode_scale,
-                                            load_s)["wall_s"] / 60, 2)
+            row["wall_min"] = round(project(schemes, pes, s_list, jobs, prof, steps, decode_scale, load_s)["wall_s"] / 60,
+                                    2)
         fits.append(row)
     mine = largest_fit(schemes, pes, seeds, jobs, prof, decode_scale, load_s, budget_s)
     command = None

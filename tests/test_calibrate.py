@@ -24,22 +24,26 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def fake(s_per_update, startup=10.0, val=1.0, decode=2.0):
-    return {"s_per_update": s_per_update, "startup_s": startup, "val_s": val, "decode_sample_s": decode}
+def fake(s_per_update, startup=10.0, val=1.0, decode=2.0, ckpt=0.5):
+    return {"s_per_update": s_per_update, "startup_s": startup, "val_s": val, "decode_sample_s": decode, "ckpt_s": ckpt}
 
 
 def test_projection_is_list_scheduling_of_the_runs_order():
     schemes = {"none": fake(0.01), "shaw": fake(0.02)}
+    prof = get_profile("gpu", {"val_every": "100", "ckpt_every": "100"})
     assert run_order(["none", "shaw"], [0, 1]) == [("none", 0), ("shaw", 0), ("none", 1), ("shaw", 1)]
-    # one model: start-up + updates + validations at 0, 100, 200 + decoding (2 s x scale 5)
-    p = project(schemes, ["none"], [0], 1, 200, 100, 5.0, overhead_s=3.0)
-    assert p["per_model_s"] == {"none-seed0": 10 + 2 + 3 + 10} and p["wall_s"] == 3 + 25
+    # one model: start-up (with the validation at update 0) + 200 updates + validations and checkpoints
+    # at 100 and 200 + decoding (2 s x scale 5)
+    p = project(schemes, ["none"], [0], 1, prof, 200, 5.0, overhead_s=3.0)
+    assert p["per_model_s"] == {"none-seed0": 10 + 2 + 2 * 1 + 2 * 0.5 + 10} and p["wall_s"] == 3 + 25
+    # an update count that is not a multiple of the period: validated and saved after the last update too
+    assert project(schemes, ["none"], [0], 1, prof, 250, 5.0)["wall_s"] == 10 + 2.5 + 3 * 1 + 3 * 0.5 + 10
     # two slots: none-seed0 (25) and shaw-seed0 (27) start together; none-seed1 takes the slot free at 25,
     # shaw-seed1 the one free at 27: the run ends at 27 + 27
-    p = project(schemes, ["none", "shaw"], [0, 1], 2, 200, 100, 5.0)
+    p = project(schemes, ["none", "shaw"], [0, 1], 2, prof, 200, 5.0)
     assert p["per_model_s"]["shaw-seed1"] == 27 and p["wall_s"] == 54
     # one slot: everything in a row
-    assert project(schemes, ["none", "shaw"], [0, 1], 1, 200, 100, 5.0)["wall_s"] == 2 * (25 + 27)
+    assert project(schemes, ["none", "shaw"], [0, 1], 1, prof, 200, 5.0)["wall_s"] == 2 * (25 + 27)
 
 
 def test_largest_fit_is_the_last_step_count_inside_the_budget():
@@ -47,7 +51,7 @@ def test_largest_fit_is_the_last_step_count_inside_the_budget():
     prof = get_profile("gpu")  # log_every 100, val_every 400
     for budget in (120.0, 600.0, 900.0):
         n = largest_fit(schemes, ["none", "rope"], [0, 1], 4, prof, 10.0, 5.0, budget)
-        wall = lambda k: project(schemes, ["none", "rope"], [0, 1], 4, k, prof.val_every, 10.0, 5.0)["wall_s"]
+        wall = lambda k: project(schemes, ["none", "rope"], [0, 1], 4, prof, k, 10.0, 5.0)["wall_s"]
         assert n % prof.log_every == 0 and wall(n) <= budget < wall(n + prof.log_every)
     # more seeds on the same slots leave fewer updates per model
     fits = [largest_fit(schemes, ["none", "rope"], list(range(k)), 2, prof, 10.0, 5.0, 900.0) for k in (1, 2, 3)]
@@ -87,11 +91,11 @@ def test_calibrate_two_processes_on_the_cpu_and_the_command_it_prints(tmp_path):
     for m in res["schemes"].values():
         assert m["concurrent"] == 2 and m["aligned"] is True  # both timed while the other trained
         assert m["s_per_update"] > 0 and m["tok_per_s"] > 0 and m["decode_sample_s"] > 0 and m["startup_s"] > 0
+        assert m["ckpt_s"] > 0 and m["decode_mode"] == "greedy, no early stop (upper bound)"
         assert m["peak_rss_gib"] > 0 and m["precision"] == "fp32"
     assert res["memory"] == {"gpu_gib": None, "reserved_gib_all_jobs": None, "fits": None}
     # the projection uses the measured figures
-    p = project(res["schemes"], ["none", "shaw"], [0, 1], 2, prof.max_steps, prof.val_every, res["decode_scale"],
-                res["load_s"])
+    p = project(res["schemes"], ["none", "shaw"], [0, 1], 2, prof, prof.max_steps, res["decode_scale"], res["load_s"])
     assert res["projection"]["wall_min"] == round(p["wall_s"] / 60, 2)
     steps = [f["max_steps"] for f in res["fits"]]
     assert all(s is not None for s in steps) and steps[0] >= steps[1] >= steps[2]
