@@ -138,8 +138,9 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
         diff = [f"{k} {data['key'][k]!r} (now {v!r})" for k, v in key.items()
                 if "key" in data and k in data["key"] and data["key"][k] != v]
         if diff:
-            raise ValueError(f"data cache {cache} was made with other settings: {', '.join(diff)}; delete it "
-                             "(it is rebuilt from the data files) or use another --out (or --ckpt-dir) folder")
+            raise ValueError(f"data cache {cache} was made with other settings: {', '.join(diff)}; delete it and "
+                             f"{run_dir / 'tokenizer.json'} (both are rebuilt from the data files) or use another "
+                             "--out and --ckpt-dir folder")
     else:
         src, tgt = tok.encode(splits["train"][pick[src_lang]]), tok.encode(splits["train"][pick[tgt_lang]])
         keep = [i for i in range(len(src)) if 0 < len(src[i]) <= prof.max_tokens and 0 < len(tgt[i]) <= prof.max_tokens]
