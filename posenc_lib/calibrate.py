@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from .evaluate import translate
+from .evaluate import MAX_SRC_TOKENS, translate
 from .schemes import canonical_pe
 from .tokenizer import get_tokenizer
 from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
@@ -225,7 +225,7 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
     picks = pool_src[::stride][:sample]
 
     def src_tokens(lines):
-        return sum(min(len(ids), 249) + 1 for ids in tok.encode(lines))
+        return sum(min(len(ids), MAX_SRC_TOKENS - 1) + 1 for ids in tok.encode(lines))  # as translate cuts them
 
     test_tokens = 2 * src_tokens(tests["heldout"]) + src_tokens(tests["newstest2014"])  # held-out twice: shuffled
     decode_scale = test_tokens / src_tokens(picks)

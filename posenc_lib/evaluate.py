@@ -37,8 +37,12 @@ def pad_batch(rows: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
+#: source tokens a sentence keeps for translation (with its </s>); longer sources are cut
+MAX_SRC_TOKENS = 250
+
+
 @torch.no_grad()
-def translate(model, tok, sources: list[str], *, batch_tokens: int = 4000, max_src_tokens: int = 250,
+def translate(model, tok, sources: list[str], *, batch_tokens: int = 4000, max_src_tokens: int = MAX_SRC_TOKENS,
               beam: int = 1, alpha: float = 0.6, device: str = "cpu", use_cache: bool = True,
               stop_at_eos: bool = True) -> list[str]:
     """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens).
