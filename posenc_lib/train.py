@@ -422,7 +422,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
                 resume: bool = False, device: str = "cpu", progress: bool = True, stop_after: int | None = None,
                 ckpt_dir: str | os.PathLike | None = None, log=print, on_update=None) -> dict:
     """Train one model; returns ``{"model", "params", "updates", "wall_s", "tok_per_s", "epochs", "curve", ...}``
-    (and ``peak_mem_gib``, the most GPU memory this process allocated, on a GPU).
+    (and ``peak_mem_gib``, the most GPU memory allocated while this model trained, on a GPU).
 
     ``data``: ``{"train": {"src", "tgt"}, "dev": {"src", "tgt"}}`` lists of token-id lists.
     ``model_dir`` receives ``metrics.jsonl``; ``ckpt_dir`` (default ``model_dir``) ``checkpoint.pt``.
@@ -432,6 +432,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     """
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
+    if torch.device(device).type == "cuda":  # a worker process may train several models in turn
+        torch.cuda.reset_peak_memory_stats(device)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else model_dir
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, metrics_path = ckpt_dir / "checkpoint.pt", model_dir / "metrics.jsonl"

@@ -254,6 +254,24 @@ def test_resume_equals_uninterrupted(tmp_path, precision, tol):
     report(f"resume ({a.get('precision', precision)}): curves differ by at most {worst:.1e} after 8 updates")
 
 
+@gpu_only
+def test_peak_memory_is_each_models_own(tmp_path):
+    """A worker process trains several models in turn: an earlier, larger peak must not be reported."""
+    from posenc_lib.train import get_profile
+    from posenc_lib.wmt14 import run
+
+    prof = get_profile("smoke", dict(vocab_size=300, max_train_pairs=None, max_steps=2, log_every=2, val_every=2,
+                                     ckpt_every=2, val_pairs=8, eval_limit=4, bertscore=False,
+                                     bootstrap_samples=20, batch_tokens=300))
+    big = torch.empty(2**30, dtype=torch.uint8, device=DEVICE)  # 1 GiB allocated before the model trains
+    del big
+    run(prof, ["none"], [0], tmp_path / "run", data_dir=_tiny_data(tmp_path), source="files", progress=False,
+        log=lambda m: None, device=DEVICE)
+    peak = json.loads((tmp_path / "run" / "none-seed0" / "result.json").read_text())["peak_mem_gib"]
+    assert 0 <= peak < 0.5  # without the reset: >= 1
+    report(f"peak memory of a tiny model after a 1 GiB allocation: {peak} GiB (its own)")
+
+
 if __name__ == "__main__":
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
     print(f"posenc GPU checks: torch {torch.__version__}, {where}, device under test: {DEVICE}")
