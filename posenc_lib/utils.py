@@ -162,12 +162,20 @@ class CliParser(argparse.ArgumentParser):
         return ns, extras
 
 
+def _default_file_mode() -> int:
+    """The mode ``open()`` would give a new file (0o666 less the umask); ``mkstemp`` alone gives 0o600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder, then rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _default_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -203,8 +211,11 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
     try:
+        try:
+            os.fchmod(fd, _default_file_mode())
+        finally:
+            os.close(fd)
         torch.save(obj, tmp)
         os.replace(tmp, path)
     except BaseException:

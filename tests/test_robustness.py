@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from pathlib import Path
@@ -204,3 +205,22 @@ def test_causal_lm_loss_refuses_windows_without_a_next_character(shape):
     with pytest.raises(ValueError, match=r"windows must be \(batch >= 1, T \+ 1 >= 2\).*got shape"):
         lm.loss(torch.zeros(shape, dtype=torch.long))
     assert torch.isfinite(lm.loss(torch.randint(0, 20, (2, 5))))  # the smallest valid batch has a finite loss
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_atomic_writes_give_the_mode_open_would_give(tmp_path, mask):
+    from posenc_lib.utils import atomic_torch_save, atomic_write_json
+
+    old = os.umask(mask)
+    try:
+        atomic_write_json(tmp_path / "r.json", {"a": 1})
+        atomic_torch_save({"w": torch.zeros(2)}, tmp_path / "m.pt")
+        with open(tmp_path / "plain.txt", "w") as f:
+            f.write("x")
+    finally:
+        os.umask(old)
+    want = (tmp_path / "plain.txt").stat().st_mode & 0o777
+    assert want == 0o666 & ~mask
+    for name in ("r.json", "m.pt"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == want, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.pt", "plain.txt", "r.json"]  # no temporary left
