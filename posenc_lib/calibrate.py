@@ -80,8 +80,7 @@ def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None)
     if tok is None:
         tok = get_tokenizer(prof.tokenizer, cache=Path(ctx["run_dir"]) / "tokenizer.json", vocab=ctx["vocab"])
         data = torch.load(ctx["data_cache"], weights_only=False)
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    # train_model resets CUDA's peak statistics as it starts: the peak read below is this model's own
     work = Path(ctx["work_dir"]) / f"{pe}-{os.getpid()}"  # a scheme may be trained twice at once
     marks: dict = {"aligned": True if barrier is None else None}  # None: never reached the barrier
 
