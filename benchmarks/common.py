@@ -18,7 +18,7 @@ import torch
 
 from posenc_lib import PE_TYPES, build_model, set_seed
 from posenc_lib.utils import available_cores
-from posenc_lib.shaw import ShawRelative
+from posenc_lib.schemes.shaw import ShawRelative
 from posenc_lib.utils import check_divides, check_float_range, check_int_range
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -130,12 +130,12 @@ def machine_info(device: str = "cpu") -> dict:
 class ShawNaive(ShawRelative):
     """Shaw et al. computed the textbook way: gather the tables into ``(L_q, L_k, d)``, then contract.
 
-    Numerically the same scheme as :class:`~posenc_lib.shaw.ShawRelative`; it exists
+    Numerically the same scheme as :class:`~posenc_lib.schemes.shaw.ShawRelative`; it exists
     here only to show what the (2k+1)-table formulation saves.
     """
 
     name = NAIVE_SHAW
-    fused_cpu_attention = None  # the textbook tables everywhere: no fused CPU path (posenc_lib/cpu_flash.py)
+    fused_cpu_attention = None  # the textbook tables everywhere: no fused CPU path (posenc_lib/attention/cpu_flash.py)
 
     def scores(self, q, k, ctx, layer, attn):
         a_k = self.table_k[layer].to(q.dtype)[ctx["index"]]  # (Lq, Lk, d)

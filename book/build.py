@@ -5,7 +5,8 @@
 
 Steps: (1) write a Sphinx source tree under ``OUT/src``: the README as the home page, one page per
 notebook in ``notebooks/*.ipynb`` (a copy with a "Run it" box after its title and links to the
-library pages it uses), one page per ``posenc_lib`` module from its docstrings, and the Markdown
+library pages it uses), one page per ``posenc_lib`` module from its docstrings, grouped in the sidebar by
+the library's parts (schemes, attention, models, experiments, course helpers), and the Markdown
 files the README links to; (2) run Sphinx with ``book/conf.py`` into ``OUT/html``, a static folder
 ready for GitHub Pages (it contains ``.nojekyll``; MathJax is served from the site itself, so the
 pages render offline).
@@ -40,9 +41,38 @@ def lessons(root: Path = ROOT) -> list[Path]:
     return sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
+#: the library's parts in the order the sidebar lists them (a folder of posenc_lib, or a top-level module)
+PARTS = ("schemes", "attention", "models", "experiments", "course", "utils")
+
+
 def modules(root: Path = ROOT) -> list[str]:
-    """Names of the library's modules (``posenc_lib/*.py`` except ``__init__``), sorted."""
-    return sorted(p.stem for p in (root / "posenc_lib").glob("*.py") if p.stem != "__init__")
+    """Dotted names of the library's modules below ``posenc_lib`` (``"schemes.rotary"``; no ``__init__`` or
+    ``__main__``), sorted."""
+    lib = root / "posenc_lib"
+    return sorted(".".join(p.relative_to(lib).with_suffix("").parts) for p in lib.rglob("*.py")
+                  if p.stem not in ("__init__", "__main__"))
+
+
+def module_path(name: str, root: Path = ROOT) -> Path:
+    """``"schemes.rotary"`` -> ``posenc_lib/schemes/rotary.py``."""
+    return root / "posenc_lib" / (name.replace(".", "/") + ".py")
+
+
+def parts(root: Path = ROOT) -> list[tuple[str, str, list[str]]]:
+    """``(part, one-line purpose, modules)`` for each part of the library, in sidebar order; a part's modules
+    in course order (the first lesson a module's docstring names), then by name."""
+    names = modules(root)
+    out = []
+    for part in PARTS:
+        mods = [m for m in names if m == part or m.startswith(part + ".")]
+        init = root / "posenc_lib" / part / "__init__.py"
+        summary = module_summary(init if init.is_file() else module_path(part, root))
+        first = {m: (lessons_of_module(module_path(m, root)) or ["99"])[0] for m in mods}
+        out.append((part, summary, sorted(mods, key=lambda m: (first[m], m))))
+    missing = set(names) - {m for _, _, mods in out for m in mods}
+    if missing:
+        raise ValueError(f"modules outside every part of PARTS: {sorted(missing)}")
+    return out
 
 
 def module_summary(path: Path) -> str:
@@ -72,8 +102,8 @@ def _rewrite_links(text: str, prefix: str, names: set[str]) -> str:
         label, target = m.group(1), m.group(2)
         path = target.split("#")[0]
         norm = re.sub(r"^(\.\./)+|^\./", "", path)
-        if re.match(r"posenc_lib/(\w+)\.py$", norm):
-            mod = norm[len("posenc_lib/"):-3]
+        if re.match(r"posenc_lib/[\w/]+\.py$", norm):
+            mod = norm[len("posenc_lib/"):-3].replace("/", ".")
             if mod in names:
                 return f"[{label}]({prefix}api/{mod}.md)"
         if re.match(r"notebooks/\d\d_\w+\.ipynb$", norm):
@@ -119,10 +149,24 @@ def _modules_used(nb: dict, names: set[str]) -> list[str]:
     used = []
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
-            for mod in re.findall(r"posenc_lib\.(\w+)", "".join(cell["source"])):
-                if mod in names and mod not in used and mod not in ("notebook", "utils"):
+            for dotted in re.findall(r"posenc_lib\.([\w.]+)", "".join(cell["source"])):
+                mod = _known_prefix(dotted, names)
+                if mod and mod not in used and mod not in ("course.notebook", "utils"):
                     used.append(mod)
     return used
+
+
+def _known_prefix(dotted: str, names: set[str]) -> str | None:
+    """The longest prefix of ``dotted`` that names a module page (``"schemes.urpe.URPE"`` -> ``"schemes.urpe"``);
+    a package (``"experiments.wmt14"``) stands for its ``pipeline`` module when it has one."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        head = ".".join(parts[:n])
+        if head in names:
+            return head
+        if f"{head}.pipeline" in names:
+            return f"{head}.pipeline"
+    return None
 
 
 def run_it_box(name: str, nb: dict, names: set[str], teaching: dict[str, list[str]]) -> str:
@@ -150,7 +194,7 @@ def run_it_box(name: str, nb: dict, names: set[str], teaching: dict[str, list[st
         if number in nums and mod not in used:
             used.append(mod)
     if used:
-        lines += ["", "Library: " + ", ".join(f"[{m}.py](../api/{m}.md)" for m in used)]
+        lines += ["", "Library: " + ", ".join(f"[{m.replace('.', '/')}.py](../api/{m}.md)" for m in used)]
     lines += ["````"]  # the box holds a fenced block, so its own fence has four backticks
     return "\n".join(lines) + "\n"
 
@@ -191,7 +235,7 @@ def write_sources(out: Path) -> Path:
     (src / "lessons").mkdir(parents=True)
     (src / "api").mkdir()
     names = set(modules())
-    teaching = {m: lessons_of_module(ROOT / "posenc_lib" / f"{m}.py") for m in sorted(names)}
+    teaching = {m: lessons_of_module(module_path(m)) for m in sorted(names)}
 
     pages = {nb.name[:2]: nb.name for nb in lessons()}
     titles = [write_lesson(nb, src / "lessons" / nb.name, names, teaching, pages) for nb in lessons()]
@@ -199,11 +243,12 @@ def write_sources(out: Path) -> Path:
         nums = teaching[m]
         taught = {p.name[:2]: p for p in lessons()}
         links = [f"[lesson {n}](../lessons/{taught[n].name})" for n in nums if n in taught]
-        page = [f"# {m}.py", ""]
+        path = m.replace(".", "/")
+        page = [f"# {path}.py", ""]
         if links:
             page += ["Taught in " + ", ".join(links) + ".", ""]
         page += [
-            f'Source: <a href="../_modules/posenc_lib/{m}.html"><code>posenc_lib/{m}.py</code></a> '
+            f'Source: <a href="../_modules/posenc_lib/{path}.html"><code>posenc_lib/{path}.py</code></a> '
             "(highlighted, with links back to each documented name).",
             "",
             f"```{{eval-rst}}\n.. automodule:: posenc_lib.{m}\n   :members:\n   :show-inheritance:\n```",
@@ -220,8 +265,10 @@ def write_sources(out: Path) -> Path:
     readme = _link_lesson_mentions(_link_repo_files(readme, src), pages, "lessons/")
     toc = ["", "```{toctree}", ":hidden:", ":caption: Lessons", ""]
     toc += [f"lessons/{nb.stem}" for nb in lessons()]
-    toc += ["```", "", "```{toctree}", ":hidden:", ":caption: Library", ""]
-    toc += [f"api/{m}" for m in sorted(names)]
+    for part, summary, mods in parts():
+        label = f"posenc_lib/{part}/" if (ROOT / "posenc_lib" / part).is_dir() else f"posenc_lib/{part}.py"
+        toc += ["```", "", "```{toctree}", ":hidden:", f":caption: {label} · {summary.rstrip('.')}", ""]
+        toc += [f"api/{m}" for m in mods]
     toc += ["```", "", "```{toctree}", ":hidden:", ":caption: More", ""]
     toc += list(EXTRA_PAGES.values()) + ["```", ""]
     (src / "index.md").write_text(readme + "\n" + "\n".join(toc), encoding="utf-8")

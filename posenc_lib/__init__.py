@@ -3,7 +3,7 @@
 One module per idea (see the README's table); the names below are the public API
 that the notebooks, tests, benchmarks and experiments import.
 """
-from .absolute import (
+from .schemes.absolute import (
     LearnedPositionalEmbedding,
     LearnedScheme,
     binary_positions,
@@ -11,19 +11,19 @@ from .absolute import (
     integer_positions,
     normalized_positions,
 )
-from .alibi import ALiBi, alibi_bias, alibi_slopes
-from .attention import MultiHeadAttention, PositionScheme
-from .decoding import greedy_decode
-from .deberta import DebertaDisentangled, deberta_log_bucket, disentangled_scores
-from .model import Seq2SeqTransformer, build_model
-from .rotary import RotaryScheme, apply_rope, apply_rope_complex, rope_cos_sin, rotate_half
-from .rope_scaling import ROPE_TYPES, scaled_rope_frequencies
-from .schemes import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
-from .shaw import ShawRelative, shaw_key_scores, shaw_value_term
-from .sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
-from .t5 import T5Bias, t5_relative_bucket
+from .schemes.alibi import ALiBi, alibi_bias, alibi_slopes
+from .attention.layer import MultiHeadAttention, PositionScheme
+from .models.decoding import greedy_decode
+from .schemes.deberta import DebertaDisentangled, deberta_log_bucket, disentangled_scores
+from .models.seq2seq import Seq2SeqTransformer, build_model
+from .schemes.rotary import RotaryScheme, apply_rope, apply_rope_complex, rope_cos_sin, rotate_half
+from .schemes.rope_scaling import ROPE_TYPES, scaled_rope_frequencies
+from .schemes.registry import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
+from .schemes.shaw import ShawRelative, shaw_key_scores, shaw_value_term
+from .schemes.sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
+from .schemes.t5 import T5Bias, t5_relative_bucket
 from .utils import set_seed
-from .xlnet import XLNetRelative, rel_shift, xlnet_sinusoid
+from .schemes.xlnet import XLNetRelative, rel_shift, xlnet_sinusoid
 
 __all__ = [
     "PE_TYPES", "PE_ALIASES", "PAPERS", "build_model", "Seq2SeqTransformer", "MultiHeadAttention",

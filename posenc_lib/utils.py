@@ -21,6 +21,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+#: the repository's root folder (the shipped data lives in ``REPO_ROOT / "data"``)
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
 
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity where the platform reports one)."""

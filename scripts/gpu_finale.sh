@@ -8,7 +8,7 @@
 #   bash scripts/gpu_finale.sh pack DEST           # run folder (no checkpoints), log, benchmarks: DEST/wmt14-gpu.tar.gz
 #
 # BUDGET_MIN (default 14) is the wall time the run itself may take, after the tests and the calibration.
-# Settings from the environment: PYTHON (python3), DATA (data-gpu, made by `python -m posenc_lib.wmt14
+# Settings from the environment: PYTHON (python3), DATA (data-gpu, made by `python -m posenc_lib.experiments.wmt14
 # make-data`), RUN_DIR (runs/wmt14-gpu), PROFILE (gpu), PES (none,sinusoidal,shaw,rope), SEEDS (0,1),
 # JOBS (auto), EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0).
 set -euo pipefail
@@ -43,7 +43,7 @@ stages() {
   fi
   stamp "calibration (budget $budget min)"
   # shellcheck disable=SC2086 # EXTRA is a list of arguments
-  "$PY" -m posenc_lib.wmt14 calibrate --profile "$PROFILE" --data-dir "$DATA" --pe "$PES" --seeds "$SEEDS" \
+  "$PY" -m posenc_lib.experiments.wmt14 calibrate --profile "$PROFILE" --data-dir "$DATA" --pe "$PES" --seeds "$SEEDS" \
     --jobs "$JOBS" --out "$RUN" --budget-min "$budget" $EXTRA
   cmd=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['command'] or '')" "$RUN/calibration.json")
   if [ -z "$cmd" ]; then echo "no max_steps fits the budget"; return 1; fi

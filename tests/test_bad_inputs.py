@@ -188,7 +188,7 @@ _LMS: dict[str, torch.nn.Module] = {}
 @given(pe=st.sampled_from(PE_TYPES), tokens=token_tensors(2))
 def test_causal_lm_inputs(pe, tokens):
     """The long-context lesson's decoder-only model: the same contract for its one input."""
-    from posenc_lib.longctx import CausalLM
+    from posenc_lib.experiments.long_context import CausalLM
 
     if pe not in _LMS:
         torch.manual_seed(0)
@@ -240,7 +240,7 @@ def test_greedy_decode_inputs(pe, src, max_new, bos):
 @FAST
 @given(pe=st.sampled_from(["none", "rope", "learned"]), src=token_tensors(2), beam=WEIRD, bos=st.integers(-2, VOCAB + 2))
 def test_beam_search_inputs(pe, src, beam, bos):
-    from posenc_lib.beam import beam_search
+    from posenc_lib.models.beam import beam_search
 
     ys, err = works_or_names(lambda: beam_search(_model(pe), src, max_new_tokens=3, bos_id=bos, eos_id=2, beam=beam),
                              "src", "beam", "bos_id", "max_len", "vocab_size=12")  # fmt: skip
@@ -296,7 +296,7 @@ def test_lesson_functions(data, value):
 
 # -- experiment settings -----------------------------------------------------------------------------
 def _profile_fields():
-    from posenc_lib.train import Profile
+    from posenc_lib.experiments.wmt14.train import Profile
 
     return [f.name for f in fields(Profile) if f.name != "name"]
 
@@ -311,7 +311,7 @@ PROFILE_VALUES = st.one_of(
 @given(profile=st.sampled_from(["smoke", "cpu", "gpu"]), data=st.data(), value=PROFILE_VALUES)
 def test_profile_overrides(profile, data, value):
     """``get_profile(name, {field: value})`` (what ``--set field=value`` does) works or names the field."""
-    from posenc_lib.train import get_profile
+    from posenc_lib.experiments.wmt14.train import get_profile
 
     name = data.draw(st.sampled_from(_profile_fields() + ["bogus", "name"]))
     prof, err = works_or_names(lambda: get_profile(profile, {name: value}), name)
@@ -324,7 +324,7 @@ def test_profile_overrides(profile, data, value):
 
 
 def _extrapolation_fields():
-    from posenc_lib.extrapolation import ExtrapolationConfig
+    from posenc_lib.experiments.extrapolation import ExtrapolationConfig
 
     return [f.name for f in fields(ExtrapolationConfig)]
 
@@ -332,7 +332,7 @@ def _extrapolation_fields():
 @FAST
 @given(data=st.data(), value=st.one_of(WEIRD, st.sampled_from([(), (4, 0), (3, 8), [4, 8], "reverse", "copy"])))
 def test_extrapolation_config_fields(data, value):
-    from posenc_lib.extrapolation import ExtrapolationConfig, make_batch, make_model
+    from posenc_lib.experiments.extrapolation import ExtrapolationConfig, make_batch, make_model
 
     name = data.draw(st.sampled_from(_extrapolation_fields()))
     extra = {"train_max_len": 4, "d_model": 8, "n_heads": 2} if name not in ("train_max_len", "d_model", "n_heads") else {}
@@ -435,7 +435,7 @@ WMT14_BAD = [
 
 @pytest.mark.parametrize("argv,names", [(a, n) for a, *n in WMT14_BAD], ids=[" ".join(a) for a, *_ in WMT14_BAD])
 def test_wmt14_bad_flags(argv, names, bad_paths, monkeypatch):
-    from posenc_lib.wmt14 import main
+    from posenc_lib.experiments.wmt14 import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -448,7 +448,7 @@ def test_wmt14_bad_flags(argv, names, bad_paths, monkeypatch):
 
 def test_wmt14_truncated_training_file_is_named(bad_paths):
     """The issue's example: a cut-off train.fr.xz gives one line naming the file and calling it damaged."""
-    from posenc_lib.wmt14 import main
+    from posenc_lib.experiments.wmt14 import main
 
     code, lines = run_cli(main, ["--profile", "smoke", "--pe", "none", "--data-dir", bad_paths["data"],
                                  "--out", bad_paths["out"], "--no-progress"])  # fmt: skip
@@ -456,7 +456,7 @@ def test_wmt14_truncated_training_file_is_named(bad_paths):
 
 
 def test_wmt14_subcommands_bad_flags(bad_paths):
-    from posenc_lib.wmt14 import main
+    from posenc_lib.experiments.wmt14 import main
 
     assert_one_line_error(main, ["score"], "run_dir")
     assert_one_line_error(main, ["score", bad_paths["nowhere"]], "nowhere")
@@ -483,7 +483,7 @@ EXTRAPOLATION_BAD = [
 @pytest.mark.parametrize("argv,names", [(a, n) for a, *n in EXTRAPOLATION_BAD],
                          ids=[" ".join(a) for a, *_ in EXTRAPOLATION_BAD])  # fmt: skip
 def test_extrapolation_bad_flags(argv, names, bad_paths):
-    from posenc_lib.extrapolation import main
+    from posenc_lib.experiments.extrapolation import main
 
     argv = [a.format(**bad_paths) for a in argv]
     out = [] if "--out" in argv else ["--out", bad_paths["file"]]  # a flag that slips through fails fast
@@ -542,7 +542,7 @@ LONGCTX_BAD = [
 
 @pytest.mark.parametrize("argv,names", [(a, n) for a, *n in LONGCTX_BAD], ids=[" ".join(a) for a, *_ in LONGCTX_BAD])
 def test_longctx_bad_flags(argv, names, bad_paths, monkeypatch):
-    from posenc_lib import longctx
+    from posenc_lib.experiments import long_context as longctx
 
     def slipped_through(*args, **kwargs):
         raise AssertionError(f"{argv} was accepted: training would start")
@@ -570,7 +570,7 @@ FLAG_TEXT = st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max
 
 
 def _valid_value(flag, text):
-    from posenc_lib.extrapolation import PROFILES, run_name
+    from posenc_lib.experiments.extrapolation import PROFILES, run_name
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if flag == "--profile":
@@ -591,7 +591,7 @@ def _valid_value(flag, text):
 @given(flag=st.sampled_from(["--seeds", "--jobs", "--pe", "--profile"]), text=FLAG_TEXT)
 def test_extrapolation_flag_values_drawn(flag, text, tmp_path_factory):
     """Any text after a flag is either valid or a one-line error naming that flag."""
-    from posenc_lib.extrapolation import main
+    from posenc_lib.experiments.extrapolation import main
 
     a_file = tmp_path_factory.mktemp("x") / "f"
     a_file.write_text("")
@@ -602,13 +602,13 @@ def test_extrapolation_flag_values_drawn(flag, text, tmp_path_factory):
 
 
 def _wmt14_main():
-    from posenc_lib.wmt14 import main
+    from posenc_lib.experiments.wmt14 import main
 
     return main
 
 
 def _longctx_main():
-    from posenc_lib.longctx import main
+    from posenc_lib.experiments.long_context import main
 
     return main
 
@@ -631,7 +631,7 @@ def test_flag_values_drawn_never_trace_back(cli, data, text, tmp_path_factory, m
     monkeypatch.chdir(folder)  # a drawn relative --out must not land in the checkout
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if cli == "longctx":
-        from posenc_lib import longctx
+        from posenc_lib.experiments import long_context as longctx
 
         def stop(*args, **kwargs):
             raise SystemExit(print("stopped: accepted", file=sys.stderr) or 2)
@@ -646,7 +646,7 @@ def test_flag_values_drawn_never_trace_back(cli, data, text, tmp_path_factory, m
 
 def test_wmt14_damaged_caches_are_named(tmp_path):
     """A cut-off data cache or tokenizer file in a run folder: one line naming it and what to do."""
-    from posenc_lib.wmt14 import main
+    from posenc_lib.experiments.wmt14 import main
 
     data = tmp_path / "data"
     data.mkdir()

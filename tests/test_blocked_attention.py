@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from posenc_lib import PE_TYPES, build_model, set_seed
-from posenc_lib import attention
-from posenc_lib.attention import MultiHeadAttention
+from posenc_lib.attention import layer as attention
+from posenc_lib.attention.layer import MultiHeadAttention
 
 SMALL = dict(d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0)
 V = 31

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import http.server
+import html
 import json
 import os
 import re
@@ -59,7 +60,7 @@ def test_every_lesson_and_module_has_a_page(site):
     for mod in book.modules():
         page = (site / "api" / f"{mod}.html").read_text(encoding="utf-8")
         assert f'id="module-posenc_lib.{mod}"' in page, f"{mod}: automodule produced nothing"
-        assert (site / "_modules" / "posenc_lib" / f"{mod}.html").is_file(), f"no source page for {mod}"
+        assert (site / "_modules" / "posenc_lib" / f"{mod.replace('.', '/')}.html").is_file(), f"no source page for {mod}"
     warnings = (OUT / "warnings.txt").read_text()
     assert "failed to import" not in warnings, warnings[:2000]
 
@@ -73,8 +74,24 @@ def test_home_page_is_the_readme_and_pages_link_to_each_other(site):
     # "lesson 03" in a lesson's prose links to lesson 03
     assert 'href="03_sinusoidal.html"' in (site / "lessons" / "06_rope.html").read_text(encoding="utf-8")
     # a lesson that teaches a module links to its page; the module page links back
-    assert 'href="../api/rotary.html"' in (site / "lessons" / "06_rope.html").read_text(encoding="utf-8")
-    assert 'href="../lessons/06_rope.html"' in (site / "api" / "rotary.html").read_text(encoding="utf-8")
+    assert 'href="../api/schemes.rotary.html"' in (site / "lessons" / "06_rope.html").read_text(encoding="utf-8")
+    assert 'href="../lessons/06_rope.html"' in (site / "api" / "schemes.rotary.html").read_text(encoding="utf-8")
+
+
+def test_sidebar_groups_the_library_by_its_parts(site):
+    """One caption per part of the library, with its one-line purpose, and each module under its part."""
+    index = (site / "index.html").read_text(encoding="utf-8")
+    text = html.unescape(re.sub(r"<[^>]+>", "", index))
+    positions = []
+    for part, summary, mods in book.parts():
+        assert summary, f"{part} has no one-line purpose"
+        assert summary.rstrip(".") in text, part
+        positions.append(text.index(summary.rstrip(".")))
+        for mod in mods:
+            assert f'href="api/{mod}.html"' in index, mod
+    assert positions == sorted(positions)  # in the order of book.PARTS
+    assert [m for _, _, mods in book.parts() for m in mods if m.startswith("schemes.")][:3] == [
+        "schemes.absolute", "schemes.sinusoidal", "schemes.shaw"]  # course order
 
 
 def test_site_is_self_contained(site):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from posenc_lib.calibrate import calibrate, largest_fit, project, run_order, timing_profile
-from posenc_lib.train import get_profile, train_model
-from posenc_lib.wmt14 import default_ckpt_dir, prepare_data
+from posenc_lib.experiments.wmt14.calibrate import calibrate, largest_fit, project, run_order, timing_profile
+from posenc_lib.experiments.wmt14.train import get_profile, train_model
+from posenc_lib.experiments.wmt14 import default_ckpt_dir, prepare_data
 from test_wmt14 import _one_thread, tiny_profile  # noqa: F401 (_one_thread: autouse, one torch thread here too)
 from test_wmt14_pipeline import ENV, ROOT, tiny_dir
 
@@ -93,14 +93,14 @@ def test_calibrate_two_processes_on_the_cpu_and_the_command_it_prints(tmp_path):
     assert res["max_steps_for_seeds"] == steps[1] and all(f["wall_min"] <= 1.0 for f in res["fits"])
     # warm-up scaled with the steps, as in the profile (8 of 40)
     assert res["fits"][1]["warmup"] == max(1, round(8 * steps[1] / 40))
-    assert any(line.startswith("run: python -m posenc_lib.wmt14") for line in lines)
+    assert any(line.startswith("run: python -m posenc_lib.experiments.wmt14") for line in lines)
     # nothing of the timed models is left; the tokenizer and data cache are the run's
     ckpt = default_ckpt_dir(out)
     assert not (ckpt / "calibration").exists() and (ckpt / "data-fr-en.pt").is_file()
     assert (out / "tokenizer.json").is_file() and not list(out.glob("*-seed*"))
     # the printed command runs (cut to two updates here) and reuses the prepared data
     args = shlex.split(res["command"])
-    assert args[:3] == ["python", "-m", "posenc_lib.wmt14"] and f"max_steps={steps[1]}" in args
+    assert args[:3] == ["python", "-m", "posenc_lib.experiments.wmt14"] and f"max_steps={steps[1]}" in args
     stamp = (ckpt / "data-fr-en.pt").stat().st_mtime_ns
     cmd = [sys.executable, *args[1:], "--pe", "none", "--seeds", "0", "--set", "max_steps=2", "--set",
            "eval_limit=3", "--source", "files", "--threads", "1", "--no-progress"]
@@ -121,7 +121,7 @@ def test_a_last_smaller_group_is_timed_beside_schemes_measured_already(tmp_path)
 
 
 def test_translate_without_early_stop_decodes_every_batch_to_its_budget(tmp_path, monkeypatch):
-    import posenc_lib.evaluate as ev
+    import posenc_lib.experiments.wmt14.evaluate as ev
     from posenc_lib import build_model
 
     d = tiny_dir(tmp_path)
@@ -165,7 +165,7 @@ def test_a_data_cache_made_with_other_settings_is_refused(tmp_path):
     (["--seeds", "a"], "--seeds must be comma-separated integers"),
 ])  # fmt: skip
 def test_bad_calibration_inputs_exit_2_with_one_line(tmp_path, flags, words):
-    cmd = [sys.executable, "-m", "posenc_lib.wmt14", "calibrate", "--profile", "smoke", "--out", str(tmp_path / "o"),
+    cmd = [sys.executable, "-m", "posenc_lib.experiments.wmt14", "calibrate", "--profile", "smoke", "--out", str(tmp_path / "o"),
            "--data-dir", str(tmp_path / "none"), *flags]
     proc = subprocess.run(cmd, env={**ENV, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=120, cwd=tmp_path)
@@ -186,7 +186,7 @@ def test_gpu_finale_script_runs_every_stage_and_packs_the_run_without_checkpoint
     script = str(ROOT / "scripts" / "gpu_finale.sh")
     proc = subprocess.run(["bash", script, "start", "0.1"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "exit status 0" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
-    for stage in ("CUDA tests", "calibration (budget 0.1 min)", "run: python -m posenc_lib.wmt14", "finished"):
+    for stage in ("CUDA tests", "calibration (budget 0.1 min)", "run: python -m posenc_lib.experiments.wmt14", "finished"):
         assert stage in proc.stdout
     cal = json.loads((run / "calibration.json").read_text())
     res = json.loads((run / "results.json").read_text())
@@ -206,7 +206,7 @@ def test_gpu_finale_script_runs_every_stage_and_packs_the_run_without_checkpoint
 
 
 def test_readme_describes_the_calibration_as_it_is():
-    from posenc_lib import calibrate as cal
+    from posenc_lib.experiments.wmt14 import calibrate as cal
 
     text = " ".join((ROOT / "README.md").read_text().split())
     assert f"`--warm` ({cal.WARM}) untimed and `--updates` ({cal.UPDATES}) timed" in text

@@ -1,10 +1,12 @@
-"""The fused CPU attention with a gradient for its float mask (posenc_lib.cpu_flash) equals the written-out
+"""The fused CPU attention with a gradient for its float mask (posenc_lib.attention.cpu_flash) equals the written-out
 softmax, forward and backward, for every mask shape it accepts, with -inf entries; the attention module
 uses it for blocked calls of the score and bias schemes and gives the same loss and gradients."""
 import pytest
 import torch
 
-from posenc_lib import attention, build_model, cpu_flash, set_seed
+from posenc_lib import build_model, set_seed
+from posenc_lib.attention import cpu_flash
+from posenc_lib.attention import layer as attention
 
 
 def _explicit(q, k, v, mask, scale):
@@ -133,7 +135,7 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, monk
 
 def test_the_naive_shaw_contrast_keeps_the_explicit_path():
     from benchmarks.common import ShawNaive
-    from posenc_lib.shaw import ShawRelative
+    from posenc_lib.schemes.shaw import ShawRelative
 
     q = torch.zeros(1, 4, 2, 8)
     assert attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from posenc_lib import PE_TYPES, build_model, greedy_decode, set_seed  # noqa: E402
-from posenc_lib.beam import beam_search  # noqa: E402
-from posenc_lib.decoding import SYNC_EVERY  # noqa: E402
+from posenc_lib.models.beam import beam_search  # noqa: E402
+from posenc_lib.models.decoding import SYNC_EVERY  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = os.environ.get("POSENC_TEST_DEVICE", "cuda")
@@ -208,7 +208,7 @@ def test_flash_kernel_runs_for_schemes_without_score_terms(pe):
 
 # ----------------------------------------------------------------------------- resume
 def _tiny_data(tmp_path: Path) -> Path:
-    from posenc_lib.data import read_parallel
+    from posenc_lib.experiments.wmt14.data import read_parallel
 
     d = tmp_path / "data"
     d.mkdir()
@@ -221,8 +221,8 @@ def _tiny_data(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("precision,tol", [("fp32", 1e-4), ("auto", 2e-2)])
 def test_resume_equals_uninterrupted(tmp_path, precision, tol):
-    from posenc_lib.train import get_profile
-    from posenc_lib.wmt14 import run
+    from posenc_lib.experiments.wmt14.train import get_profile
+    from posenc_lib.experiments.wmt14 import run
 
     prof = get_profile("smoke", dict(vocab_size=300, max_train_pairs=None, max_steps=8, log_every=2, val_every=4,
                                      ckpt_every=4, val_pairs=8, eval_limit=4, bertscore=False,
@@ -257,8 +257,8 @@ def test_resume_equals_uninterrupted(tmp_path, precision, tol):
 @gpu_only
 def test_peak_memory_is_each_models_own(tmp_path):
     """A worker process trains several models in turn: an earlier, larger peak must not be reported."""
-    from posenc_lib.train import get_profile
-    from posenc_lib.wmt14 import run
+    from posenc_lib.experiments.wmt14.train import get_profile
+    from posenc_lib.experiments.wmt14 import run
 
     prof = get_profile("smoke", dict(vocab_size=300, max_train_pairs=None, max_steps=2, log_every=2, val_every=2,
                                      ckpt_every=2, val_pairs=8, eval_limit=4, bertscore=False,

@@ -16,8 +16,8 @@ from posenc_lib import (
     sinusoidal_table,
     t5_relative_bucket,
 )
-from posenc_lib.data import load_wmt14, read_lines, read_parallel
-from posenc_lib.xlnet import rel_shift
+from posenc_lib.experiments.wmt14.data import load_wmt14, read_lines, read_parallel
+from posenc_lib.schemes.xlnet import rel_shift
 
 
 def test_unknown_scheme_lists_choices():
@@ -182,7 +182,7 @@ def test_decoding_ids_and_model_ids_are_checked():
 
 def test_experiment_settings_name_field_and_range():
     from benchmarks.common import BenchConfig
-    from posenc_lib.extrapolation import ExtrapolationConfig
+    from posenc_lib.experiments.extrapolation import ExtrapolationConfig
 
     for kw, match in [
         ({"lr": 0}, r"lr must be a finite number in \(0.0, inf\), got 0"),
@@ -212,8 +212,10 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
     from dataclasses import asdict
     from pathlib import Path
 
-    import posenc_lib.data as data
-    from posenc_lib import extrapolation, train, wmt14
+    import posenc_lib.experiments.wmt14.data as data
+    from posenc_lib.experiments import extrapolation
+    from posenc_lib.experiments.wmt14 import train
+    from posenc_lib.experiments.wmt14 import pipeline as wmt14
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
@@ -285,7 +287,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
 
 
 def test_scoring_needs_one_hypothesis_per_reference():
-    from posenc_lib.evaluate import bleu_chrf, paired_bootstrap
+    from posenc_lib.experiments.wmt14.evaluate import bleu_chrf, paired_bootstrap
 
     with pytest.raises(ValueError, match=r"hyps has 1 sentences but the references have 2"):
         bleu_chrf(["a b"], ["a b", "c d"])

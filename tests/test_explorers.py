@@ -1,4 +1,4 @@
-"""posenc_lib.explorers: each drawing shows what the library computes; the sliders redraw it."""
+"""posenc_lib.course.explorers: each drawing shows what the library computes; the sliders redraw it."""
 from __future__ import annotations
 
 import math
@@ -11,10 +11,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from posenc_lib import explorers as E  # noqa: E402
-from posenc_lib.alibi import alibi_slopes  # noqa: E402
-from posenc_lib.rope_scaling import wavelengths  # noqa: E402
-from posenc_lib.t5 import t5_relative_bucket  # noqa: E402
+from posenc_lib.course import explorers as E  # noqa: E402
+from posenc_lib.schemes.alibi import alibi_slopes  # noqa: E402
+from posenc_lib.schemes.rope_scaling import wavelengths  # noqa: E402
+from posenc_lib.schemes.t5 import t5_relative_bucket  # noqa: E402
 
 pytest.importorskip("ipywidgets")
 

@@ -5,7 +5,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from posenc_lib import PE_TYPES, extrapolation as ex
+from posenc_lib import PE_TYPES
+from posenc_lib.experiments import extrapolation as ex
 
 TINY = ex.ExtrapolationConfig(
     name="tiny", train_min_len=2, train_max_len=6, test_lengths=(4, 6, 12), d_model=16, n_heads=2, num_layers=1,
@@ -311,7 +312,7 @@ def test_bleu_by_source_length_buckets():
 
 
 def test_alibi_split_variant_is_a_run_of_its_own():
-    from posenc_lib import extrapolation as ex
+    from posenc_lib.experiments import extrapolation as ex
 
     assert ex.run_name("alibi-split") == "alibi-split" and ex.run_name("sinpe") == "sinusoidal"
     cfg = ex.PROFILES["smoke"]

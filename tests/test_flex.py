@@ -1,10 +1,11 @@
-"""FlexAttention path (posenc_lib/flex.py), forward on CPU (the eager reference, no compile):
+"""FlexAttention path (posenc_lib/attention/flex.py), forward on CPU (the eager reference, no compile):
 equal to the explicit path for every score-modifying scheme, encoder with padding and causal decoder."""
 import pytest
 import torch
 
-from posenc_lib import flex, make_scheme, set_seed
-from posenc_lib.attention import MultiHeadAttention
+from posenc_lib import make_scheme, set_seed
+from posenc_lib.attention import flex
+from posenc_lib.attention.layer import MultiHeadAttention
 
 pytestmark = pytest.mark.skipif(not flex.available(), reason="this torch has no FlexAttention")
 

@@ -10,9 +10,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from posenc_lib import PE_TYPES, build_model, greedy_decode, make_scheme, set_seed
-from posenc_lib import decoding
-from posenc_lib.attention import MultiHeadAttention, choose_attention_path
-from posenc_lib.beam import beam_search, length_penalty
+from posenc_lib.models import decoding
+from posenc_lib.attention.layer import MultiHeadAttention, choose_attention_path
+from posenc_lib.models.beam import beam_search, length_penalty
 
 SMALL = dict(d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0)
 V = 23
@@ -51,7 +51,7 @@ def test_choose_attention_path(pe, q_len, k_len, causal, padded, weights, expect
 
 
 def test_a_custom_scheme_declares_what_it_adds_through_its_hooks():
-    from posenc_lib.attention import PositionScheme
+    from posenc_lib.attention.layer import PositionScheme
 
     class Bias(PositionScheme):
         def bias(self, ctx, layer):

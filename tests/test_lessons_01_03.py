@@ -11,7 +11,7 @@ from posenc_lib import (
     sinusoidal_table,
     sinusoidal_table_2d,
 )
-from posenc_lib.sinusoidal import sinusoidal_encode, sinusoidal_frequencies
+from posenc_lib.schemes.sinusoidal import sinusoidal_encode, sinusoidal_frequencies
 
 
 def test_attention_layer_is_permutation_equivariant_but_causal_is_not():

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from posenc_lib import build_model
-from posenc_lib.absolute import LearnedPositionalEmbedding, LearnedScheme, hierarchical_positions
-from posenc_lib.attention import MultiHeadAttention
-from posenc_lib.shaw import (ShawRelative, shaw_index, shaw_key_scores, shaw_scores_naive, shaw_value_term,
+from posenc_lib.schemes.absolute import LearnedPositionalEmbedding, LearnedScheme, hierarchical_positions
+from posenc_lib.attention.layer import MultiHeadAttention
+from posenc_lib.schemes.shaw import (ShawRelative, shaw_index, shaw_key_scores, shaw_scores_naive, shaw_value_term,
                              shaw_values_naive)
 
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from posenc_lib import build_model, greedy_decode
-from posenc_lib.attention import MultiHeadAttention
-from posenc_lib.rotary import apply_rope, apply_rope_complex, interleaved_to_half_permutation
-from posenc_lib.t5 import T5Bias, t5_relative_bucket
+from posenc_lib.attention.layer import MultiHeadAttention
+from posenc_lib.schemes.rotary import apply_rope, apply_rope_complex, interleaved_to_half_permutation
+from posenc_lib.schemes.t5 import T5Bias, t5_relative_bucket
 
 
 def test_rope_matches_llama_half_split():
@@ -113,7 +113,7 @@ def test_rope_rotation_is_lesson_03_shift_matrix_transposed():
     import math
 
     from posenc_lib import sinusoidal_shift_matrix
-    from posenc_lib.rotary import rope_frequencies
+    from posenc_lib.schemes.rotary import rope_frequencies
 
     d = 8
     for delta in [1, 7, -3]:
@@ -123,7 +123,7 @@ def test_rope_rotation_is_lesson_03_shift_matrix_transposed():
 
 
 def test_rope_all_ones_score_is_lesson_03_cosine_sum():
-    from posenc_lib.sinusoidal import sinusoidal_frequencies
+    from posenc_lib.schemes.sinusoidal import sinusoidal_frequencies
 
     ones = torch.ones(1, 128)
     r = torch.arange(300)

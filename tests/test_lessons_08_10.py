@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from posenc_lib.alibi import alibi_bias, alibi_slopes
-from posenc_lib.attention import MultiHeadAttention
-from posenc_lib.deberta import deberta_index, deberta_log_bucket, disentangled_scores
-from posenc_lib.schemes import make_scheme
-from posenc_lib.xlnet import rel_shift
+from posenc_lib.schemes.alibi import alibi_bias, alibi_slopes
+from posenc_lib.attention.layer import MultiHeadAttention
+from posenc_lib.schemes.deberta import deberta_index, deberta_log_bucket, disentangled_scores
+from posenc_lib.schemes.registry import make_scheme
+from posenc_lib.schemes.xlnet import rel_shift
 
 
 @pytest.mark.parametrize("bucket_size,max_position", [(44, 128), (70, 128), (76, 256), (84, 512), (4, 8), (174, 512)])
@@ -47,7 +47,7 @@ def test_disentangled_scores_match_explicit_loops():
 def test_disentangled_scores_of_a_long_block_match_the_loops_with_gradients(q_start, lq, lk):
     """Far from the diagonal every key falls in a clipped bucket: there the terms are built as a broadcast
     sum, a gather only in the band between; values and gradients match the explicit loops."""
-    from posenc_lib.deberta import _clipped_ends
+    from posenc_lib.schemes.deberta import _clipped_ends
 
     torch.manual_seed(1)
     span, d = 4, 3
@@ -89,7 +89,7 @@ def test_disentangled_scores_of_one_query_match_the_loops_with_gradients(q_at, l
 def test_xlnet_one_query_terms_equal_the_shifted_product(k_len):
     """A cached step's terms (c) + (b)+(d), from the kept table of distances 0, 1, ..., equal the last query row
     of the general computation (every distance, then the relative shift)."""
-    from posenc_lib.xlnet import XLNetRelative
+    from posenc_lib.schemes.xlnet import XLNetRelative
 
     torch.manual_seed(3)
     scheme = XLNetRelative(16, 4, 1, causal=True)

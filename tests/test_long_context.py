@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from posenc_lib import ROPE_TYPES, build_model, greedy_decode, make_scheme, scaled_rope_frequencies
-from posenc_lib.rope_scaling import check_scaling, scaled_rope_cos_sin, yarn_mscale
-from posenc_lib.rotary import RotaryCache, apply_rope_cos_sin, rope_frequencies
+from posenc_lib.schemes.rope_scaling import check_scaling, scaled_rope_cos_sin, yarn_mscale
+from posenc_lib.schemes.rotary import RotaryCache, apply_rope_cos_sin, rope_frequencies
 
 
 def _hf_config(head_dim, base, scaling, L):
@@ -254,7 +254,7 @@ def test_partial_rotary_leaves_the_tail_of_each_head_untouched():
 
 
 # -------------------------------------------------------------------- the experiment (smoke size)
-from posenc_lib import longctx as lc  # noqa: E402
+from posenc_lib.experiments import long_context as lc  # noqa: E402
 
 
 def test_causal_lm_is_causal_and_a_scaling_swap_keeps_the_weights():

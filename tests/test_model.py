@@ -99,7 +99,7 @@ def test_cached_logits_equal_full_decoder(pe):
 def test_logits_of_few_rows_equal_the_plain_product(tie, rows):
     """Up to FEW_ROWS rows the vocabulary matrix goes on the left of the product (a view comes back): the
     same scores as ``x @ W^T``, in the same shape, up to rounding; more rows take the plain product."""
-    from posenc_lib.model import FEW_ROWS
+    from posenc_lib.models.seq2seq import FEW_ROWS
 
     m = small("none", tie_embeddings=tie)
     weight = m.embed.weight if tie else m.out_proj.weight
@@ -180,7 +180,7 @@ def test_symmetric_alibi_encoder_cannot_tell_a_source_from_its_reversal_split_ca
 
 
 def test_split_alibi_bias_hides_one_side_per_head():
-    from posenc_lib.alibi import alibi_bias
+    from posenc_lib.schemes.alibi import alibi_bias
 
     pos = torch.arange(5)
     bias = alibi_bias(pos, pos, torch.tensor([0.5, 0.25]), split=True)[0]

@@ -10,10 +10,10 @@ warnings.filterwarnings("ignore")
 transformers = pytest.importorskip("transformers")
 
 from posenc_lib import alibi_slopes, apply_rope, deberta_log_bucket, t5_relative_bucket  # noqa: E402
-from posenc_lib.attention import MultiHeadAttention  # noqa: E402
-from posenc_lib.deberta import DebertaDisentangled  # noqa: E402
-from posenc_lib.t5 import T5Bias  # noqa: E402
-from posenc_lib.xlnet import XLNetRelative, rel_shift  # noqa: E402
+from posenc_lib.attention.layer import MultiHeadAttention  # noqa: E402
+from posenc_lib.schemes.deberta import DebertaDisentangled  # noqa: E402
+from posenc_lib.schemes.t5 import T5Bias  # noqa: E402
+from posenc_lib.schemes.xlnet import XLNetRelative, rel_shift  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- T5
@@ -91,7 +91,8 @@ def test_deberta_disentangled_attention_matches_transformers():
 def test_deberta_long_input_in_query_blocks_matches_transformers(monkeypatch):
     """Query blocks of a long input (the fused CPU path): far from the diagonal every key of a block falls in
     one clipped bucket, where the terms are built as broadcast sums; still equal to transformers'."""
-    from posenc_lib import attention, deberta
+    from posenc_lib.attention import layer as attention
+    from posenc_lib.schemes import deberta
 
     ref, scheme, attn = _deberta_pair()
     n = 120  # > max_relative_positions (40): distances clip

@@ -18,8 +18,8 @@ from posenc_lib import (
     sinusoidal_table_2d,
     t5_relative_bucket,
 )
-from posenc_lib.rotary import interleaved_to_half_permutation, rope_cos_sin, RotaryCache
-from posenc_lib.shaw import shaw_index, shaw_key_scores, shaw_scores_naive, shaw_value_term, shaw_values_naive
+from posenc_lib.schemes.rotary import interleaved_to_half_permutation, rope_cos_sin, RotaryCache
+from posenc_lib.schemes.shaw import shaw_index, shaw_key_scores, shaw_scores_naive, shaw_value_term, shaw_values_naive
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -178,7 +178,7 @@ def test_fused_path_equals_explicit_path_for_every_shape(q_len, cached, causal, 
     """Whatever ``choose_attention_path`` picks (is_causal, no mask for one query, a boolean or a
     float mask) gives the explicit softmax's result, with and without cached keys."""
     from posenc_lib import make_scheme
-    from posenc_lib.attention import MultiHeadAttention
+    from posenc_lib.attention.layer import MultiHeadAttention
 
     g = torch.Generator().manual_seed(q_len * 31 + cached * 7 + causal * 3 + padded)
     attn = MultiHeadAttention(16, 2).eval()

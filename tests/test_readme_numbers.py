@@ -142,13 +142,13 @@ def test_readme_quotes_the_noise_at_the_shortest_length():
 
 
 WMT14 = ROOT / "results" / "wmt14-cpu" / "results.json"
-# README column -> (test set, metric, decimals) as summarised by posenc_lib.wmt14.summarize
+# README column -> (test set, metric, decimals) as summarised by posenc_lib.experiments.wmt14.summarize
 WMT14_COLUMNS = [("heldout", "bleu", 1), ("heldout", "shuffled", 1), ("heldout", "chrf", 1),
                  ("heldout", "bertscore_f1", 3), ("newstest2014", "bleu", 1), ("newstest2014", "chrf", 1)]
 
 
 def test_readme_wmt14_table_matches_results():
-    from posenc_lib.wmt14 import summarize
+    from posenc_lib.experiments.wmt14 import summarize
 
     results = json.loads(WMT14.read_text())
     text = (ROOT / "README.md").read_text(encoding="utf-8")

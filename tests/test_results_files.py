@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import pytest
 
-from posenc_lib import extrapolation as ex
-from posenc_lib import longctx
+from posenc_lib.experiments import extrapolation as ex
+from posenc_lib.experiments import long_context as longctx
 from posenc_lib.utils import read_json
 
 

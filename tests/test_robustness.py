@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_lib import build_model, greedy_decode, notebook
-from posenc_lib.beam import beam_search
+from posenc_lib import build_model, greedy_decode
+from posenc_lib.course import notebook
+from posenc_lib.models.beam import beam_search
 
 TINY = dict(d_model=8, n_heads=2, num_layers=1, dim_feedforward=8, dropout=0.0)
 V = 12
@@ -50,7 +51,7 @@ def test_loss_with_one_real_target_token_is_finite_and_has_a_gradient():
 
 def test_loss_reads_the_targets_only_on_the_host(monkeypatch):
     """On an accelerator the check would stall the device each step: it is skipped there."""
-    import posenc_lib.model as model_module
+    import posenc_lib.models.seq2seq as model_module
 
     m = _model(pad_id=0)
     src, tgt_in = torch.randint(1, V, (1, 5)), torch.randint(1, V, (1, 4))
@@ -199,7 +200,7 @@ def test_every_lesson_sets_up_without_a_warning_even_on_one_core(monkeypatch, ke
 
 @pytest.mark.parametrize("shape", [(0, 9), (2, 1), (8,)])
 def test_causal_lm_loss_refuses_windows_without_a_next_character(shape):
-    from posenc_lib.longctx import CausalLM
+    from posenc_lib.experiments.long_context import CausalLM
 
     lm = CausalLM(20, "rope", d_model=16, n_heads=2, num_layers=1, dim_feedforward=32)
     with pytest.raises(ValueError, match=r"windows must be \(batch >= 1, T \+ 1 >= 2\).*got shape"):

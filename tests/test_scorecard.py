@@ -1,9 +1,9 @@
-"""The running scorecard (posenc_lib/scorecard.py): every checked verdict agrees with the code."""
+"""The running scorecard (posenc_lib/course/scorecard.py): every checked verdict agrees with the code."""
 import pytest
 import torch
 
-from posenc_lib import scorecard
-from posenc_lib.scorecard import REQUIREMENTS, Entry, Verdict
+from posenc_lib.course import scorecard
+from posenc_lib.course.scorecard import REQUIREMENTS, Entry, Verdict
 
 
 def test_every_check_confirms_its_verdict():

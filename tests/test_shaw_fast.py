@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from posenc_lib import build_model
-from posenc_lib.shaw import (
+from posenc_lib.schemes.shaw import (
     shaw_index,
     shaw_key_scores,
     shaw_plan,

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from posenc_lib.complex_order import ComplexOrderEmbedding
-from posenc_lib.floater import Floater
-from posenc_lib.t5 import t5_distance_index
-from posenc_lib.twod import RelativeBias2D, axial_rope, grid_positions, relative_offsets_2d, sinusoidal_table_2d
-from posenc_lib.urpe import URPE, toeplitz_from_distances
+from posenc_lib.schemes.complex_order import ComplexOrderEmbedding
+from posenc_lib.schemes.floater import Floater
+from posenc_lib.schemes.t5 import t5_distance_index
+from posenc_lib.schemes.twod import RelativeBias2D, axial_rope, grid_positions, relative_offsets_2d, sinusoidal_table_2d
+from posenc_lib.schemes.urpe import URPE, toeplitz_from_distances
 
 
 def test_grid_positions_are_row_major():

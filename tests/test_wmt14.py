@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from posenc_lib import PE_TYPES, build_model, greedy_decode
-from posenc_lib.beam import beam_search
-from posenc_lib.data import load_wmt14, read_parallel
-from posenc_lib.train import get_profile, lr_at, make_batches
-from posenc_lib.wmt14 import bleu_by_length, main, parse_pes, prepare_data, run
+from posenc_lib.models.beam import beam_search
+from posenc_lib.experiments.wmt14.data import load_wmt14, read_parallel
+from posenc_lib.experiments.wmt14.train import get_profile, lr_at, make_batches
+from posenc_lib.experiments.wmt14 import bleu_by_length, main, parse_pes, prepare_data, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,7 +109,7 @@ def test_ddp_two_gloo_processes(tmp_path):
     d = tiny_dir(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "posenc_lib.wmt14", "--profile", "smoke", "--pe", "sinusoidal", "--data-dir", str(d),
+           "-m", "posenc_lib.experiments.wmt14", "--profile", "smoke", "--pe", "sinusoidal", "--data-dir", str(d),
            "--out", str(tmp_path / "ddp"), "--no-progress", "--threads", "1"]
     for kv in ("vocab_size=300", "max_steps=4", "log_every=2", "val_every=2", "ckpt_every=2", "val_pairs=8",
                "eval_limit=4", "bertscore=false", "batch_tokens=300", "micro_batch_tokens=100"):  # parts: no_sync
@@ -127,8 +127,8 @@ def test_ddp_two_gloo_processes(tmp_path):
     assert len(ck["rng"]) == 2 and all(r["cpu"].dtype == torch.uint8 for r in ck["rng"])  # one state per process
     # the gathered translations are in the sources' order: rank r decoded sentences r, r + 2, ... (the
     # batch sets the length limit, so the same shares are decoded here in one process to compare)
-    from posenc_lib.evaluate import translate
-    from posenc_lib.tokenizer import load_bpe
+    from posenc_lib.experiments.wmt14.evaluate import translate
+    from posenc_lib.experiments.wmt14.tokenizer import load_bpe
 
     cfg = dict(ck["config"])
     model = build_model(cfg.pop("pe"), cfg.pop("vocab_size"), **cfg)
@@ -194,7 +194,7 @@ def test_save_figures_leaves_the_plotting_backend_alone(tmp_path):
     """Called from a notebook, the figure writer must not switch the notebook's backend (figures vanish)."""
     import matplotlib
 
-    from posenc_lib.wmt14 import save_figures
+    from posenc_lib.experiments.wmt14 import save_figures
 
     results = json.loads((ROOT / "results" / "wmt14-cpu" / "results.json").read_text())
     before = matplotlib.get_backend()

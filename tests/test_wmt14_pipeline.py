@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import posenc_lib.train as train_mod
+import posenc_lib.experiments.wmt14.train as train_mod
 from test_wmt14 import tiny_profile  # one tiny profile for both WMT14 test files
 import posenc_lib.utils as utils_mod
-from posenc_lib.data import load_wmt14, read_parallel
-from posenc_lib.train import (
+from posenc_lib.experiments.wmt14.data import load_wmt14, read_parallel
+from posenc_lib.experiments.wmt14.train import (
     CheckpointError,
     Precision,
     get_profile,
@@ -28,7 +28,7 @@ from posenc_lib.train import (
     split_batch,
     train_model,
 )
-from posenc_lib.wmt14 import default_ckpt_dir, main, make_data, prepare_data, resolve_jobs, run
+from posenc_lib.experiments.wmt14 import default_ckpt_dir, main, make_data, prepare_data, resolve_jobs, run
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -387,7 +387,7 @@ def test_gpu_profile_runs_without_datasets_or_bert_score(tmp_path):
     assert probe.returncode != 0 and "not installed here" in probe.stderr  # the blocker works
     d = tiny_dir(tmp_path, n_train=200, short_tests=True)
     out = tmp_path / "gpu"
-    cmd = [sys.executable, "-m", "posenc_lib.wmt14", "--profile", "gpu", "--pe", "none,rope", "--set", "max_steps=2",
+    cmd = [sys.executable, "-m", "posenc_lib.experiments.wmt14", "--profile", "gpu", "--pe", "none,rope", "--set", "max_steps=2",
            "--set", "max_train_pairs=2000", "--set", "eval_limit=8", "--set", "bertscore=false", "--out", str(out),
            # smaller batches, validation set, test sets and bootstrap than the GPU's, so that this takes
            # seconds on a CPU (the command above, as the README gives it, takes minutes there)
@@ -403,7 +403,7 @@ def test_gpu_profile_runs_without_datasets_or_bert_score(tmp_path):
     assert size < 5 * 2**20 and not list(out.rglob("*.pt"))  # 52M-parameter checkpoints live elsewhere
     assert (default_ckpt_dir(out) / "rope-seed0" / "checkpoint.pt").is_file()
     # scoring needs bert-score: without it, a one-line error says what to install; the rest works anyway
-    score_cmd = [sys.executable, "-m", "posenc_lib.wmt14", "score", str(out)]
+    score_cmd = [sys.executable, "-m", "posenc_lib.experiments.wmt14", "score", str(out)]
     proc = subprocess.run(score_cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "bert-score" in proc.stderr, proc.stderr
 

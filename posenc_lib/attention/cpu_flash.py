@@ -139,6 +139,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return _FlashWithMaskGrad.apply(q, k, v, mask.contiguous(), scale, blocks)
 
 
+def sum_per_row(p: torch.Tensor, plan) -> torch.Tensor:
+    """``M[..., i, r] = sum_j p[..., i, j] [index_ij = r]``: ``(B, H, Lq, Lk) -> (B, H, Lq, R)``.
+
+    ``plan`` is an index plan of a clipped relative table (``posenc_lib.schemes.shaw.ShawPlan``): ``index
+    (Lq, Lk)`` rows of ``rows``; with ``fast`` set, inner rows come from one gather at ``band_j``/``band_ok``
+    and the two clipped ends from masked row sums against ``ends``; otherwise a scatter-add.
+    """
+    b, h, lq, lk = p.shape
+    if not plan.fast:
+        out = p.new_zeros(b, h, lq, plan.rows)
+        return out.scatter_add_(-1, plan.index.expand(b, h, lq, lk), p)
+    band = p.gather(-1, plan.band_j.expand(b, h, lq, plan.rows - 2)) * plan.band_ok.to(p.dtype)
+    # clipped ends: one masked row sum each, as L_q small matrix products (batch = query row)
+    ends = torch.bmm(p.reshape(b * h, lq, lk).transpose(0, 1), plan.ends.to(p.dtype))  # (Lq, B*H, 2)
+    ends = ends.transpose(0, 1).reshape(b, h, lq, 2)
+    return torch.cat((ends[..., :1], band, ends[..., 1:]), dim=-1)
+
+
+
 # -- Shaw et al.: a key term in the mask, a value term from the weights --------------------------------
 class _ShawFlash(torch.autograd.Function):
     """Shaw et al.'s attention over query blocks: the fused kernel for ``softmax(q (k + a^K)^T) v``, the
@@ -147,8 +166,6 @@ class _ShawFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, table_k, table_v, scale, blocks):
-        from .shaw import _sum_per_row
-
         b, h, q_len, d = q.shape
         size = max((end - start) * _keys(plan) for start, end, plan, _ in blocks)
         m_flat, p_flat = q.new_empty(b * h * size), q.new_empty(b * h * size)
@@ -165,7 +182,7 @@ class _ShawFlash(torch.autograd.Function):
             )
             torch.matmul(_aug(qs[:, :, start:end], -l), ka_t[..., :n], out=p)  # q k^T * scale - lse
             p.add_(m).exp_()  # the weights P of the block
-            per_row[:, :, start:end] = _sum_per_row(p, plan)
+            per_row[:, :, start:end] = sum_per_row(p, plan)
             out[:, :, start:end] = o + per_row[:, :, start:end] @ table_v
             lse[:, :, start:end] = l
         ctx.save_for_backward(q, k, v, table_k, table_v, out, lse, per_row)
@@ -174,8 +191,6 @@ class _ShawFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        from .shaw import _sum_per_row
-
         q, k, v, table_k, table_v, out, lse, mass = ctx.saved_tensors
         scale, blocks = ctx.scale, ctx.blocks
         b, h, q_len, d = q.shape
@@ -201,7 +216,7 @@ class _ShawFlash(torch.autograd.Function):
             torch.matmul(da[:, :, start:end], va_t[..., :n], out=m)  # dO v^T - D (m's buffer is free again)
             torch.gather(do_b @ table_v.t(), -1, plan.index.expand(m.shape), out=g)  # dO . a^V_ij
             ds = m.add_(g).mul_(p)  # dS / scale
-            per_row = _sum_per_row(ds, plan)  # summed per clipped distance
+            per_row = sum_per_row(ds, plan)  # summed per clipped distance
             dq[:, :, start:end] = (ds @ k[:, :, :n]).add_(per_row @ table_k).mul_(scale)
             dk[:, :, :n].add_(ds.transpose(-1, -2) @ qs_b)
             dtable_k.add_(per_row.reshape(-1, rows_t).t() @ qs_b.reshape(-1, d))
@@ -231,7 +246,7 @@ def shaw_attention(q, k, v, table_k, table_v, scale: float, blocks) -> torch.Ten
     """Shaw et al.'s attention (key and value terms) in the fused CPU kernel, over query ``blocks``.
 
     ``table_k, table_v: (2k+1, d)`` for this layer; ``blocks``: ``(start, end, plan, allowed)`` with the
-    :class:`~posenc_lib.shaw.ShawPlan` of each block's rows and its boolean mask (broadcastable to
+    :class:`~posenc_lib.schemes.shaw.ShawPlan` of each block's rows and its boolean mask (broadcastable to
     ``(batch, 1, end - start, n)``) or ``None``, where ``n``, the plan's number of keys, may stop short
     of ``k_len`` when no row of the block sees the keys after it.  Same function and gradients as the explicit path.
     """

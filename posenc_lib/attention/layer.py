@@ -25,7 +25,7 @@ calls ``torch.nn.functional.scaled_dot_product_attention`` (the fused kernel),
 with the bias and masks folded into one float ``attn_mask``; otherwise it
 computes the softmax explicitly.  Long inputs run over blocks of queries (:data:`BLOCK_ELEMENTS`),
 and on CPU those blocks go back to the fused kernel with the position terms as a float mask
-(:data:`CPU_FLASH`, :mod:`posenc_lib.cpu_flash`).  A causal self-attention with nothing to mask
+(:data:`CPU_FLASH`, :mod:`posenc_lib.attention.cpu_flash`).  A causal self-attention with nothing to mask
 but the future (no padding, no bias) passes ``is_causal=True`` and *no* mask,
 the only form the flash kernels on a GPU accept.
 
@@ -44,7 +44,7 @@ Shapes: ``q: (batch, heads, q_len, head_dim)``, ``k, v: (batch, heads, k_len, he
 positions ``q_pos: (q_len,)``, ``k_pos: (k_len,)`` are absolute (a cached decoder
 step has ``q_pos = [t]`` and ``k_pos = [0..t]``).
 
-Taught across notebooks/05-10; the module is the common ground of them all.
+Taught across notebooks/05-10 and costed in notebooks/12_cost.ipynb; the module is the common ground of them all.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
-from .utils import check_divides
+from ..utils import check_divides
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
 #: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs
@@ -71,7 +71,7 @@ BLOCK_ELEMENTS: int | None = 2**24
 
 #: On CPU (float32, no dropout) an attention call that runs in blocks uses the fused kernel instead of
 #: written-out scores: score terms and bias enter it as a float mask whose gradient
-#: :mod:`posenc_lib.cpu_flash` computes (Shaw's value term is rebuilt from the kernel's row
+#: :mod:`posenc_lib.attention.cpu_flash` computes (Shaw's value term is rebuilt from the kernel's row
 #: log-sum-exp).  Same function, same gradients; ``False`` keeps the explicit blocks everywhere.
 CPU_FLASH: bool = True
 

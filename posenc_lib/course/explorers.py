@@ -22,7 +22,7 @@ The explorers, by lesson:
 * :func:`alibi_explorer` -- lesson 10: the number of heads and one head; the slopes
   ``m_h = 2^(-8h/n)`` (and the rule for other head counts) and the content-free attention prior
   ``softmax(-m_h * distance)`` they imply.
-* :func:`yarn_explorer` -- lesson 13: YaRN's factor ``s``, training length ``L``, ``beta_fast`` and
+* :func:`yarn_explorer` -- lesson 14: YaRN's factor ``s``, training length ``L``, ``beta_fast`` and
   ``beta_slow``; the ramp ``gamma_k`` that keeps fast pairs and interpolates slow ones, and the
   wavelengths before and after.
 
@@ -38,12 +38,12 @@ from collections.abc import Callable
 
 import torch
 
-from .alibi import alibi_bias, alibi_slopes
-from .rope_scaling import scaled_rope_frequencies, wavelengths, yarn_ramp
-from .rotary import apply_rope, rope_frequencies
-from .sinusoidal import sinusoidal_frequencies, sinusoidal_table
-from .t5 import t5_relative_bucket
-from .utils import check_positive_int
+from ..schemes.alibi import alibi_bias, alibi_slopes
+from ..schemes.rope_scaling import scaled_rope_frequencies, wavelengths, yarn_ramp
+from ..schemes.rotary import apply_rope, rope_frequencies
+from ..schemes.sinusoidal import sinusoidal_frequencies, sinusoidal_table
+from ..schemes.t5 import t5_relative_bucket
+from ..utils import check_positive_int
 
 __all__ = [
     "Explorer", "draw_sinusoidal", "sinusoidal_explorer", "draw_rope", "rope_explorer", "draw_t5_buckets",
@@ -209,7 +209,7 @@ def draw_alibi(fig=None, *, n_heads: int = 8, head: int = 1, length: int = 64):
     return fig
 
 
-# ------------------------------------------------------------------ lesson 13: YaRN
+# ------------------------------------------------------------------ lesson 14: YaRN
 
 
 def draw_yarn(fig=None, *, factor: float = 8.0, original_length: int = 2048, beta_fast: float = 32.0,
@@ -347,7 +347,7 @@ def alibi_explorer(n_heads: int = 8, head: int = 1, length: int = 64) -> Explore
 
 def yarn_explorer(factor: float = 8.0, original_length: int = 2048, beta_fast: float = 32.0, beta_slow: float = 1.0,
                   head_dim: int = 128, base: float = 10000.0) -> Explorer:  # fmt: skip
-    """Lesson 13: sliders for YaRN's ``factor``, training length, ``beta_fast``, ``beta_slow``, ``head_dim``, ``base``."""
+    """Lesson 14: sliders for YaRN's ``factor``, training length, ``beta_fast``, ``beta_slow``, ``head_dim``, ``base``."""
     import ipywidgets as widgets
 
     controls = {"factor": widgets.FloatSlider(value=factor, min=1, max=64, step=0.5, description="factor s",

@@ -2,7 +2,7 @@
 
 Each lesson's first cell is::
 
-    from posenc_lib.notebook import setup
+    from posenc_lib.course.notebook import setup
     setup(seed=0)
 
 which seeds everything (:func:`posenc_lib.set_seed`), pins torch to the cores a
@@ -16,7 +16,7 @@ import numbers
 import os
 import warnings
 
-from .utils import available_cores
+from ..utils import available_cores
 
 #: torch threads of a lesson that does not ask for a count (fewer on a machine with fewer cores)
 DEFAULT_THREADS = 2
@@ -59,7 +59,7 @@ def setup(seed: int = 0, threads: int | str | None = "auto") -> None:
     import matplotlib.pyplot as plt
     import torch
 
-    from .utils import set_seed
+    from ..utils import set_seed
 
     if n_threads is not None:
         torch.set_num_threads(n_threads)

@@ -122,13 +122,13 @@ def _normalised(n):
 
 
 def _binary(n, n_bits=10):
-    from .absolute import binary_positions
+    from ..schemes.absolute import binary_positions
 
     return binary_positions(n, n_bits=n_bits, dtype=torch.float64)
 
 
 def _sinusoidal(n, dim=64):
-    from .sinusoidal import sinusoidal_encode
+    from ..schemes.sinusoidal import sinusoidal_encode
 
     return sinusoidal_encode(torch.arange(n, dtype=torch.float64), dim)
 
@@ -156,7 +156,7 @@ def _sinusoidal_gram_is_toeplitz() -> bool:
 
 
 def _sinusoidal_shift_is_linear() -> bool:
-    from .sinusoidal import sinusoidal_encode, sinusoidal_shift_matrix
+    from ..schemes.sinusoidal import sinusoidal_encode, sinusoidal_shift_matrix
 
     t = torch.arange(100, dtype=torch.float64)
     T = sinusoidal_shift_matrix(3, 64).double()
@@ -164,7 +164,7 @@ def _sinusoidal_shift_is_linear() -> bool:
 
 
 def _learned_table_refuses_beyond_max_len() -> bool:
-    from .absolute import LearnedPositionalEmbedding
+    from ..schemes.absolute import LearnedPositionalEmbedding
 
     table = LearnedPositionalEmbedding(max_len=8, d_model=4)
     try:
@@ -175,13 +175,13 @@ def _learned_table_refuses_beyond_max_len() -> bool:
 
 
 def _learned_rows_distinct() -> bool:
-    from .absolute import LearnedPositionalEmbedding
+    from ..schemes.absolute import LearnedPositionalEmbedding
 
     return is_unique(LearnedPositionalEmbedding(max_len=64, d_model=16).weight.detach())
 
 
 def _shaw_index_clips() -> bool:
-    from .shaw import shaw_index
+    from ..schemes.shaw import shaw_index
 
     pos = torch.arange(12)
     idx = shaw_index(pos, pos, 3)
@@ -191,14 +191,14 @@ def _shaw_index_clips() -> bool:
 
 
 def _shaw_index_is_translation_invariant() -> bool:
-    from .shaw import shaw_index
+    from ..schemes.shaw import shaw_index
 
     pos = torch.arange(10)
     return torch.equal(shaw_index(pos + 37, pos + 37, 4), shaw_index(pos, pos, 4))
 
 
 def _rope_scores_relative() -> bool:
-    from .rotary import apply_rope
+    from ..schemes.rotary import apply_rope
 
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(32, generator=g), torch.randn(32, generator=g)
@@ -208,20 +208,20 @@ def _rope_scores_relative() -> bool:
 
 
 def _rope_preserves_norm() -> bool:
-    from .rotary import apply_rope
+    from ..schemes.rotary import apply_rope
 
     x = torch.randn(500, 32, generator=torch.Generator().manual_seed(1))
     return torch.allclose(apply_rope(x, torch.arange(500)).norm(dim=-1), x.norm(dim=-1), atol=1e-4)
 
 
 def _rope_distinguishes_positions() -> bool:
-    from .rotary import apply_rope
+    from ..schemes.rotary import apply_rope
 
     x = torch.ones(200, 32)
     return is_unique(apply_rope(x, torch.arange(200)))
 
 
-_LESSON_11 = "defined there, but generalising there is a separate question (lesson 11)"
+_EXTRAPOLATION = "defined there, but generalising there is a separate question (lesson 13)"
 
 ENTRIES: list[Entry] = [
     Entry("integer t", 1, {
@@ -281,7 +281,7 @@ ENTRIES: list[Entry] = [
         "deterministic": Verdict("✓", "a fixed formula", lambda: torch.equal(_sinusoidal(9), _sinusoidal(9))),
         "bounded": Verdict("✓", "every code has norm sqrt(d/2)", lambda: max_norm_growth(_sinusoidal) < 1 + 1e-9),
         "consistent across lengths": Verdict("✓", "depends on t only", lambda: same_across_lengths(_sinusoidal)),
-        "beyond training length": Verdict("~", _LESSON_11 + ": exact match 1.0 at length 16, 0.0 at 20",
+        "beyond training length": Verdict("~", _EXTRAPOLATION + ": exact match 1.0 at length 16, 0.0 at 20",
                                           lambda: _sinusoidal(10_000).isfinite().all().item()),
         "relative distance readable": Verdict("✓", "PE(t+D) = T_D PE(t); PE(t).PE(t+D) depends on D only",
                                               lambda: _sinusoidal_shift_is_linear() and _sinusoidal_gram_is_toeplitz()),
@@ -310,7 +310,7 @@ ENTRIES: list[Entry] = [
         "deterministic": Verdict("✓", "a fixed formula, no parameters"),
         "bounded": Verdict("✓", "a rotation keeps every norm", _rope_preserves_norm),
         "consistent across lengths": Verdict("✓", "the angle depends on t only"),
-        "beyond training length": Verdict("~", _LESSON_11 + "; unseen angles degrade it"),
+        "beyond training length": Verdict("~", _EXTRAPOLATION + "; unseen angles degrade it"),
         "relative distance readable": Verdict("✓", "scores depend on m - n only", _rope_scores_relative),
     }),
 ]
@@ -319,14 +319,14 @@ ENTRIES: list[Entry] = [
 # -- lessons 07-10 ----------------------------------------------------------------------------
 
 def _t5_far_distances_share_a_bucket() -> bool:
-    from .t5 import t5_relative_bucket
+    from ..schemes.t5 import t5_relative_bucket
 
     b = t5_relative_bucket(torch.tensor([-3, -200, -5000, 3]), bidirectional=True)
     return bool(b[1] == b[2] and b[0] != b[3])          # 200 and 5000 alike; left and right told apart
 
 
 def _t5_bias_is_translation_invariant() -> bool:
-    from .t5 import T5Bias
+    from ..schemes.t5 import T5Bias
 
     bias = T5Bias(16, 2, 1)
     pos = torch.arange(30)
@@ -334,7 +334,7 @@ def _t5_bias_is_translation_invariant() -> bool:
 
 
 def _t5_long_inputs_reach_new_buckets() -> bool:
-    from .t5 import t5_relative_bucket
+    from ..schemes.t5 import t5_relative_bucket
 
     def used(n):
         p = torch.arange(n)
@@ -343,7 +343,7 @@ def _t5_long_inputs_reach_new_buckets() -> bool:
 
 
 def _xlnet_distance_codes_distinct_and_bounded() -> bool:
-    from .xlnet import xlnet_sinusoid
+    from ..schemes.xlnet import xlnet_sinusoid
 
     r = xlnet_sinusoid(torch.arange(-500, 501).double(), 64)
     norms = r.norm(dim=-1)
@@ -351,8 +351,8 @@ def _xlnet_distance_codes_distinct_and_bounded() -> bool:
 
 
 def _xlnet_scores_translation_invariant() -> bool:
-    from .attention import MultiHeadAttention
-    from .schemes import make_scheme
+    from ..attention.layer import MultiHeadAttention
+    from ..schemes.registry import make_scheme
 
     scheme, attn = make_scheme("xlnet", 16, 2, 1), MultiHeadAttention(16, 2)
     x = torch.randn(1, 6, 16)
@@ -362,28 +362,28 @@ def _xlnet_scores_translation_invariant() -> bool:
 
 
 def _deberta_far_distances_share_rows() -> bool:
-    from .deberta import deberta_index
+    from ..schemes.deberta import deberta_index
 
     idx = deberta_index(torch.tensor([0]), torch.tensor([0, 1, 2, 300, 3000]), 8, 8, 40)[0]
     return len(set(idx[:3].tolist())) == 3 and bool(idx[3] == idx[4])
 
 
 def _deberta_index_translation_invariant() -> bool:
-    from .deberta import deberta_index
+    from ..schemes.deberta import deberta_index
 
     pos = torch.arange(60)
     return torch.equal(deberta_index(pos, pos, 8, 8, 40), deberta_index(pos + 999, pos + 999, 8, 8, 40))
 
 
 def _alibi_symmetric_in_encoder() -> bool:
-    from .alibi import alibi_bias, alibi_slopes
+    from ..schemes.alibi import alibi_bias, alibi_slopes
 
     b = alibi_bias(torch.arange(9), torch.arange(9), alibi_slopes(4))
     return torch.equal(b, b.transpose(-1, -2))                # left and right neighbours get one bias
 
 
 def _alibi_penalty_grows_linearly() -> bool:
-    from .alibi import alibi_bias, alibi_slopes
+    from ..schemes.alibi import alibi_bias, alibi_slopes
 
     m = alibi_slopes(4)
     b = alibi_bias(torch.tensor([0]), torch.tensor([1000]), m)[0, :, 0, 0]
@@ -391,14 +391,14 @@ def _alibi_penalty_grows_linearly() -> bool:
 
 
 def _alibi_long_bias_extends_short() -> bool:
-    from .alibi import alibi_bias, alibi_slopes
+    from ..schemes.alibi import alibi_bias, alibi_slopes
 
     m, short, long = alibi_slopes(8), torch.arange(16), torch.arange(64)
     return torch.equal(alibi_bias(long, long, m)[..., :16, :16], alibi_bias(short, short, m))
 
 
 def _alibi_far_keys_get_negligible_prior() -> bool:
-    from .alibi import alibi_bias, alibi_slopes
+    from ..schemes.alibi import alibi_bias, alibi_slopes
 
     prior = torch.softmax(alibi_bias(torch.tensor([8191]), torch.arange(8192), alibi_slopes(8))[0, :, 0], -1)
     return bool(prior[:, : 8192 - 2048].sum(-1).max() < 1e-3)  # keys > 2048 back: < 0.1% of any head's prior
@@ -421,7 +421,7 @@ ENTRIES += [
         "deterministic": Verdict("✓", "a fixed sinusoid, learned W_R, u, v"),
         "bounded": Verdict("✓", "every R_(i-j) has the same norm", _xlnet_distance_codes_distinct_and_bounded),
         "consistent across lengths": Verdict("✓", "depends on i - j only", _xlnet_scores_translation_invariant),
-        "beyond training length": Verdict("~", _LESSON_11 + "; memories longer than in training are used",
+        "beyond training length": Verdict("~", _EXTRAPOLATION + "; memories longer than in training are used",
                                           _xlnet_distance_codes_distinct_and_bounded),
         "relative distance readable": Verdict("✓", "(q_i + v).r_(i-j) reads the distance", _xlnet_scores_translation_invariant),
     }),
@@ -491,7 +491,7 @@ def scorecard_markdown(upto: int | None = None, reasons: bool = True) -> str:
     return "\n".join(lines)
 
 
-_LEGEND = "✓ meets it, ✗ fails it, ~ partly; † checked by code on every run (posenc_lib.scorecard.run_checks)."
+_LEGEND = "✓ meets it, ✗ fails it, ~ partly; † checked by code on every run (posenc_lib.course.scorecard.run_checks)."
 
 
 def scorecard_html(upto: int | None = None, reasons: bool = True) -> str:

@@ -1,6 +1,6 @@
 """Length extrapolation: train on short sequences, test on long ones, for every scheme.
 
-The experiment behind notebooks/11_length_extrapolation.ipynb.  The question
+The experiment behind notebooks/13_length_extrapolation.ipynb.  The question
 comes from Press, Smith & Lewis 2022, "Train Short, Test Long: Attention with
 Linear Biases Enables Input Length Extrapolation" (ALiBi, arXiv:2108.12409)
 and Kazemnejad et al. 2023, "The Impact of Positional Encoding on Length
@@ -54,10 +54,10 @@ model finishes; a rerun skips finished files, so a long run can resume.
 
 Command line::
 
-    python -m posenc_lib.extrapolation --profile smoke
-    python -m posenc_lib.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
-    python -m posenc_lib.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
-    python -m posenc_lib.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
+    python -m posenc_lib.experiments.extrapolation --profile smoke
+    python -m posenc_lib.experiments.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
+    python -m posenc_lib.experiments.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
+    python -m posenc_lib.experiments.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
 """
 from __future__ import annotations
 
@@ -66,25 +66,25 @@ import math
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from .attention import PositionScheme
-from .decoding import greedy_decode
-from .longctx import CausalLM
-from .model import Seq2SeqTransformer, build_model
-from .schemes import PE_TYPES, canonical_pe
-from .utils import (
+from ..attention.layer import PositionScheme
+from ..models.decoding import greedy_decode
+from ..models.causal_lm import CausalLM
+from ..models.seq2seq import Seq2SeqTransformer, build_model
+from ..schemes.registry import PE_TYPES, canonical_pe
+from ..utils import (
     CliParser, atomic_write_json, check_choice, check_divides, check_float_range, check_int_range,
     check_positive_int, read_json, set_seed,
 )
 
 PAD, BOS, EOS = 0, 1, 2
 #: extra runs beside PE_TYPES: name -> (scheme, options).  A symmetric ALiBi encoder cannot tell a
-#: sequence from its reversal (see posenc_lib/alibi.py), which decides the reversal task by itself;
+#: sequence from its reversal (see posenc_lib/schemes/alibi.py), which decides the reversal task by itself;
 #: the split variant shows what ALiBi does once it knows left from right.
 #: ``-rand`` runs train with randomized positions (Ruoss et al. 2023), the remedy tried for the
 #: absolute and rotary schemes.
@@ -230,7 +230,7 @@ SMOKE = ExtrapolationConfig(
 )  # fmt: skip
 #: ``course``: train every run to mastery of lengths 2..16 (exact match >= 0.99 at the training
 #: lengths) or 2000 updates, T5's bias table at 10x the learning rate, tables scaled to the training
-#: length, the source anchored by </s>.  Lesson 11 reads its results.
+#: length, the source anchored by </s>.  Lesson 13 reads its results.
 COURSE = ExtrapolationConfig(name="course", steps=2000, mastery=0.99, bias_lr_scale=10.0)
 #: ``pilot``: the first version of the experiment (no anchor, library table sizes, 1200 updates with
 #: cosine decay for every run, one learning rate); its results are in results/extrapolation/.
@@ -578,7 +578,7 @@ def greedy_decode_lm(model: CausalLM, prompt: torch.Tensor, new_tokens: int) -> 
     """Greedy continuation of ``prompt (B, P)`` (source + BOS, no padding) by ``new_tokens`` tokens.
 
     Returns ``(B, 1 + new_tokens)``: BOS, then the generated tokens (the layout of
-    :func:`~posenc_lib.decoding.greedy_decode`, so :func:`score` reads both).
+    :func:`~posenc_lib.models.decoding.greedy_decode`, so :func:`score` reads both).
     """
     seq = prompt
     for _ in range(new_tokens):
@@ -786,7 +786,7 @@ def bleu_by_source_length(hyps: Sequence[str], refs: Sequence[str], src_lengths:
     above).  ``train_max_len`` (the longest source seen in training) marks which
     buckets lie wholly beyond the training lengths.  Empty buckets are left out.
     """
-    from .evaluate import bleu_chrf
+    from .wmt14.evaluate import bleu_chrf
 
     if not len(hyps) == len(refs) == len(src_lengths):
         raise ValueError(f"hyps, refs and src_lengths differ in length: {len(hyps)}, {len(refs)}, {len(src_lengths)}")
@@ -826,7 +826,7 @@ def parse_list(text: str, what: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = CliParser(prog="python -m posenc_lib.extrapolation", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m posenc_lib.experiments.extrapolation", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     p.add_argument("--pe", default="all", help="'all' or comma-separated names from " + ", ".join(RUN_ORDER))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")

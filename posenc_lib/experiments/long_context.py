@@ -1,11 +1,11 @@
 """Long context on a CPU: train a small causal language model at context 64, run it at up to 512.
 
-The experiment behind notebooks/13_long_context.ipynb.  A character-level decoder-only
+The experiment behind notebooks/14_long_context.ipynb.  A character-level decoder-only
 Transformer is trained on the English side of the shipped Europarl text with a context of
 ``train_len`` characters, then its perplexity is measured on unseen Europarl text in
 non-overlapping windows of 1x .. 8x that length:
 
-* **zero-shot**: the RoPE model read with each scaling of posenc_lib/rope_scaling.py
+* **zero-shot**: the RoPE model read with each scaling of posenc_lib/schemes/rope_scaling.py
   (``none``, ``linear`` = Position Interpolation, ``dynamic`` NTK, ``yarn``, ``llama3``), with
   no further training;
 * **fine-tuned**: the same model after a short fine-tune (``finetune_steps`` updates, a few
@@ -22,8 +22,8 @@ and resumed.  Pre-trained weights go to ``--ckpt`` (not committed) for the fine-
 
 Command line::
 
-    python -m posenc_lib.longctx --profile smoke --out runs/longctx-smoke
-    python -m posenc_lib.longctx --profile course --seeds 0,1,2 --out results/long_context --jobs 2
+    python -m posenc_lib.experiments.long_context --profile smoke --out runs/longctx-smoke
+    python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out results/long_context --jobs 2
 
 Cost of the committed ``course`` run (36 result files: 5 models x 3 seeds, 7 fine-tunes x 3 seeds):
 about 53 minutes of wall time with ``--jobs 2`` on 2 CPU cores that were shared with other work (load
@@ -43,12 +43,10 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .attention import MultiHeadAttention, on_host
-from .data import SHIPPED_DIR, find_file, read_lines
-from .schemes import make_scheme
-from .utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, check_token_tensor, read_json, set_seed
+from ..models.causal_lm import CausalLM
+from ..utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, read_json, set_seed
+from .wmt14.data import SHIPPED_DIR, find_file, read_lines
 
 SCHEMA = "posenc.longctx/1"
 UNK = 0  # id of characters outside the vocabulary
@@ -187,77 +185,6 @@ def random_windows(ids: torch.Tensor, length: int, batch: int, g: torch.Generato
     """``(batch, length + 1)`` random windows of the token stream (inputs and next-token targets)."""
     start = torch.randint(0, ids.numel() - length - 1, (batch,), generator=g)
     return torch.stack([ids[s : s + length + 1] for s in start.tolist()])
-
-
-# -- the model ------------------------------------------------------------------------------------
-class Block(nn.Module):
-    """Pre-norm decoder block: causal self-attention, then a feed-forward layer."""
-
-    def __init__(self, d_model: int, n_heads: int, dim_feedforward: int):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads)
-        self.ff = nn.Sequential(nn.Linear(d_model, dim_feedforward), nn.GELU(), nn.Linear(dim_feedforward, d_model))
-
-    def forward(self, x, pos, ctx, layer, need_weights=False):
-        a = self.attn(self.norm1(x), causal=True, pos=pos, ctx=ctx, layer=layer, need_weights=need_weights)
-        a, w = a if need_weights else (a, None)
-        x = x + a
-        return x + self.ff(self.norm2(x)), w
-
-
-class CausalLM(nn.Module):
-    """A small decoder-only language model whose positions come from any course scheme.
-
-    ``pe`` and ``options`` go to :func:`~posenc_lib.schemes.make_scheme` with ``causal=True``;
-    :meth:`set_scheme` swaps the scheme of a trained model (RoPE schemes hold no weights), which is
-    how a RoPE model is read with a different ``scaling``.
-    """
-
-    def __init__(self, vocab_size: int, pe: str, *, d_model: int, n_heads: int, num_layers: int,
-                 dim_feedforward: int, **options):  # fmt: skip
-        super().__init__()
-        for name, v in (("vocab_size", vocab_size), ("num_layers", num_layers), ("dim_feedforward", dim_feedforward)):
-            check_positive_int(name, v)
-        self.dims = (d_model, n_heads, num_layers)
-        self.embed = nn.Embedding(vocab_size, d_model)
-        nn.init.normal_(self.embed.weight, std=d_model**-0.5)  # tied output: logits start near 0
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, dim_feedforward) for _ in range(num_layers))
-        self.norm = nn.LayerNorm(d_model)
-        self.set_scheme(pe, **options)
-
-    def set_scheme(self, pe: str, **options) -> None:
-        self.pos = make_scheme(pe, *self.dims, causal=True, **options)
-
-    def forward(self, tokens: torch.Tensor, need_weights: bool = False):
-        """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
-        check_token_tensor("tokens", tokens)
-        vocab = self.embed.num_embeddings
-        if on_host(tokens) and tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
-            bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
-            raise ValueError(f"tokens holds id {bad} outside the vocabulary: vocab_size={vocab}, valid ids 0..{vocab - 1}")
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.embed(tokens) * math.sqrt(self.dims[0])
-        code = self.pos.embed(positions)
-        if code is not None:
-            x = x + code
-        ctx = self.pos.prepare(positions, positions)
-        weights = []
-        for i, block in enumerate(self.blocks):
-            x, w = block(x, self.pos, ctx, i, need_weights)
-            weights.append(w)
-        logits = self.norm(x) @ self.embed.weight.t()
-        return (logits, weights) if need_weights else logits
-
-    def loss(self, windows: torch.Tensor) -> torch.Tensor:
-        """Mean next-character cross-entropy (nats) of ``windows (batch, T + 1)``."""
-        if windows.dim() != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
-            raise ValueError(
-                f"windows must be (batch >= 1, T + 1 >= 2) token ids, got shape {tuple(windows.shape)}: "
-                "with no window or no next character the mean loss is undefined"
-            )
-        logits = self(windows[:, :-1])
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
 
 
 def make_model(name: str, cfg: LongContextConfig, vocab_size: int, method: str = "none") -> CausalLM:
@@ -484,7 +411,7 @@ def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, s
 
 # -- command line ---------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    p = CliParser(prog="python -m posenc_lib.longctx", description=__doc__.split("\n")[0])
+    p = CliParser(prog="python -m posenc_lib.experiments.long_context", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(models(COURSE)))

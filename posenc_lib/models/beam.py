@@ -27,17 +27,17 @@ That bound is exact, so stopping never changes the result: with a beam as wide
 as every possible hypothesis (``vocab ** max_new_tokens``) beam search returns
 the exhaustive-search optimum, and ``beam=1, alpha=0`` is greedy decoding.
 Reading the "all stopped" flag from an accelerator stalls it, so there the
-check runs every few steps (see :func:`~posenc_lib.decoding.sync_every`).
+check runs every few steps (see :func:`~posenc_lib.models.decoding.sync_every`).
 
-Used by ``python -m posenc_lib.wmt14 --beam 4``; greedy decoding is in decoding.py.
+Used by ``python -m posenc_lib.experiments.wmt14 --beam 4``; greedy decoding is in decoding.py.
 """
 from __future__ import annotations
 
 import torch
 
 from . import decoding
-from .model import Seq2SeqTransformer
-from .utils import check_positive_int, check_token_tensor
+from .seq2seq import Seq2SeqTransformer
+from ..utils import check_positive_int, check_token_tensor
 
 
 def length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:

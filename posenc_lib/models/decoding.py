@@ -21,8 +21,8 @@ import numbers
 
 import torch
 
-from .model import Seq2SeqTransformer
-from .utils import check_positive_int, check_token_tensor
+from .seq2seq import Seq2SeqTransformer
+from ..utils import check_positive_int, check_token_tensor
 
 #: on an accelerator, decoding loops check "has every row finished?" once per this many steps
 SYNC_EVERY = 8

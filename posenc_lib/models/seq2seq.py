@@ -15,7 +15,7 @@ Source and target embeddings and the output layer share one matrix by default
 (``tie_embeddings=True``; a joint source/target vocabulary is assumed).
 
 Used by every notebook from 05 on, by the extrapolation experiment and by
-``python -m posenc_lib.wmt14``.
+``python -m posenc_lib.experiments.wmt14``.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import MultiHeadAttention, PositionScheme, on_host
-from .schemes import canonical_pe, make_scheme
-from .utils import (
+from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
+from ..schemes.registry import canonical_pe, make_scheme
+from ..utils import (
     check_divides, check_float_range, check_int_range, check_padding_mask, check_positive_int, check_token_tensor,
 )
 
@@ -340,7 +340,7 @@ def build_model(
     ``rpe`` = shaw, ``rope``).  Defaults follow the seed report (d_model 64,
     8 heads, 6+6 layers, ff 2048).  Other keywords: the model's
     ``num_decoder_layers``, ``norm_first``, ``tie_embeddings``, ``pad_id``, and the
-    scheme's own options (see :func:`~posenc_lib.schemes.scheme_options`), e.g.
+    scheme's own options (see :func:`~posenc_lib.schemes.registry.scheme_options`), e.g.
     ``max_relative_position=16`` for shaw or ``interleaved=False`` for rope.
     """
     return Seq2SeqTransformer(

@@ -28,7 +28,7 @@ import numbers
 import torch
 from torch import nn
 
-from .utils import check_float_range, check_positive_int
+from ..utils import check_float_range, check_positive_int
 
 
 def integer_positions(length: int, dtype=torch.float32) -> torch.Tensor:
@@ -113,7 +113,7 @@ def hierarchical_positions(table: torch.Tensor, alpha: float = 0.4) -> torch.Ten
     return q.reshape(n * n, table.shape[1])
 
 
-from .attention import PositionScheme, on_host  # noqa: E402
+from ..attention.layer import PositionScheme, on_host  # noqa: E402
 
 
 class LearnedScheme(PositionScheme):

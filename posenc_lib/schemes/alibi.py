@@ -29,8 +29,8 @@ import math
 
 import torch
 
-from .attention import PositionScheme
-from .utils import check_choice, check_positive_int, relative_positions
+from ..attention.layer import PositionScheme
+from ..utils import check_choice, check_positive_int, relative_positions
 
 
 def _power_of_two_slopes(n: int) -> list[float]:

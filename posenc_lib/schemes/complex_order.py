@@ -14,14 +14,14 @@ order is built in, as in RoPE (which rotates queries and keys with fixed frequen
 The cost: three embedding tables instead of one (three times the embedding parameters) and a
 complex-valued network downstream.
 
-Taught in notebooks/10_alibi.ipynb (section "Two more schemes from the survey").
+Taught in notebooks/11_beyond_the_classics.ipynb (section "Two more schemes from the survey").
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .utils import check_positive_int
+from ..utils import check_positive_int
 
 
 class ComplexOrderEmbedding(nn.Module):

@@ -26,8 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import PositionScheme
-from .utils import check_positive_int
+from ..attention.layer import PositionScheme
+from ..utils import check_positive_int
 
 
 def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:

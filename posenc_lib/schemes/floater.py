@@ -15,14 +15,14 @@ cached; the paper adds them in every layer.
 
 Here: a fixed-step fourth-order Runge-Kutta solver (``steps_per_unit`` steps per position).
 
-Taught in notebooks/10_alibi.ipynb (section "Two more schemes from the survey").
+Taught in notebooks/11_beyond_the_classics.ipynb (section "Two more schemes from the survey").
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .utils import check_positive_int
+from ..utils import check_positive_int
 
 
 class Floater(nn.Module):

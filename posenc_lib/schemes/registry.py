@@ -1,7 +1,7 @@
 """The registry of position schemes: canonical names, the seed report's aliases, options.
 
 ``PE_TYPES`` lists the canonical names in the order the course teaches them.
-``make_scheme(name, ...)`` builds one :class:`~posenc_lib.attention.PositionScheme`
+``make_scheme(name, ...)`` builds one :class:`~posenc_lib.attention.layer.PositionScheme`
 for one stack, and rejects unknown names or options with the valid choices.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import inspect
 
 from .absolute import LearnedScheme
 from .alibi import ALiBi
-from .attention import PositionScheme
+from ..attention.layer import PositionScheme
 from .deberta import DebertaDisentangled
 from .rotary import RotaryScheme
 from .shaw import ShawRelative

@@ -1,6 +1,6 @@
 """Stretching RoPE past its training length: Position Interpolation, dynamic NTK, YaRN, Llama 3.
 
-A model trained with RoPE (posenc_lib/rotary.py) on sequences of at most ``L`` tokens has seen
+A model trained with RoPE (posenc_lib/schemes/rotary.py) on sequences of at most ``L`` tokens has seen
 the rotation angle ``m * theta_k`` only for ``m < L``.  Every method here changes the frequency
 spectrum ``theta_k = base^(-2k/d)`` (k = 0 .. d/2 - 1) so that positions up to ``s * L`` land on
 angles the model has (nearly) seen:
@@ -41,7 +41,7 @@ Partial rotary (GPT-NeoX, Phi): rotate only the first ``rotary_dim`` of the ``he
 dimensions; then ``head_dim`` here is ``rotary_dim``.  ``RotaryScheme(..., scaling=...,
 rotary_dim=...)`` in rotary.py uses both, KV cache included.
 
-Taught in notebooks/13_long_context.ipynb.
+Taught in notebooks/14_long_context.ipynb.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from .utils import check_even
+from ..utils import check_even
 
 #: rope_type -> (required keys, optional keys with their defaults)
 ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .rope_scaling import check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401 (re-exported)
-from .utils import check_even, check_float_range, check_float_tensor
+from ..utils import check_even, check_float_range, check_float_tensor
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
@@ -120,7 +120,7 @@ def interleaved_to_half_permutation(head_dim: int) -> torch.Tensor:
 class RotaryCache(nn.Module):
     """cos/sin tables cached per (length, device), grown on demand; float32 phases.
 
-    ``scaling``: a context-extension dict (see posenc_lib/rope_scaling.py); the tables then hold the
+    ``scaling``: a context-extension dict (see posenc_lib/schemes/rope_scaling.py); the tables then hold the
     scaled frequencies, times YaRN's attention scale.  ``dynamic`` scaling depends on the current
     length ``seq_len`` and is computed per call instead of cached.
     """
@@ -159,14 +159,14 @@ class RotaryCache(nn.Module):
         return f"head_dim={self.head_dim}, base={self.base}, interleaved={self.interleaved}{extra}"
 
 
-from .attention import PositionScheme  # noqa: E402
+from ..attention.layer import PositionScheme  # noqa: E402
 
 
 class RotaryScheme(PositionScheme):
     """Rotates queries and keys of every self-attention layer; keys are cached already rotated.
 
     ``scaling``: a context-extension dict (``rope_type`` linear, dynamic, yarn or llama3; see
-    posenc_lib/rope_scaling.py).  With ``dynamic`` the frequencies follow the length seen so far
+    posenc_lib/schemes/rope_scaling.py).  With ``dynamic`` the frequencies follow the length seen so far
     (``k_pos`` max + 1): a full forward rotates every token with the frequencies of its whole
     length, while a cached key keeps the rotation of the step that cached it (as in
     ``transformers``), so cached and uncached decoding agree only up to the training length.

@@ -41,8 +41,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import PositionScheme, on_host
-from .utils import check_positive_int, relative_positions
+from ..attention import cpu_flash
+from ..attention.cpu_flash import sum_per_row as _sum_per_row
+from ..attention.layer import PositionScheme, _block_keys, on_host
+from ..utils import check_positive_int, relative_positions
 
 
 def shaw_index(q_pos: torch.Tensor, k_pos: torch.Tensor, max_relative_position: int) -> torch.Tensor:
@@ -89,19 +91,6 @@ def shaw_plan(index: torch.Tensor, rows: int) -> ShawPlan:
     band_ok = (band_j >= 0).float()
     ends = torch.stack((index == 0, index == rows - 1), dim=-1).float()
     return ShawPlan(index, rows, band_j.clamp(min=0), band_ok, ends, fast)
-
-
-def _sum_per_row(p: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
-    """``M[..., i, r] = sum_j p[..., i, j] [index_ij = r]``: ``(B, H, Lq, Lk) -> (B, H, Lq, R)``."""
-    b, h, lq, lk = p.shape
-    if not plan.fast:
-        out = p.new_zeros(b, h, lq, plan.rows)
-        return out.scatter_add_(-1, plan.index.expand(b, h, lq, lk), p)
-    band = p.gather(-1, plan.band_j.expand(b, h, lq, plan.rows - 2)) * plan.band_ok.to(p.dtype)
-    # clipped ends: one masked row sum each, as L_q small matrix products (batch = query row)
-    ends = torch.bmm(p.reshape(b * h, lq, lk).transpose(0, 1), plan.ends.to(p.dtype))  # (Lq, B*H, 2)
-    ends = ends.transpose(0, 1).reshape(b, h, lq, 2)
-    return torch.cat((ends[..., :1], band, ends[..., 1:]), dim=-1)
 
 
 def _gather_rows(s: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
@@ -213,10 +202,7 @@ class ShawRelative(PositionScheme):
         return shaw_value_term(probs, self.table_v[layer], ctx["index"], ctx.get("plan"))
 
     def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
-        """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.cpu_flash`)."""
-        from . import cpu_flash
-        from .attention import _block_keys
-
+        """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.attention.cpu_flash`)."""
         parts = []
         for start, end in blocks:
             rows, k_end = _block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query

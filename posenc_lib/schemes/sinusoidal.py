@@ -21,7 +21,7 @@ import numbers
 import torch
 from torch import nn
 
-from .utils import check_even, check_float_range, check_positive_int
+from ..utils import check_even, check_float_range, check_positive_int
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -107,7 +107,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         return f"d_model={self.d_model}, base={self.base}"
 
 
-from .attention import PositionScheme  # noqa: E402  (kept beside the scheme it serves)
+from ..attention.layer import PositionScheme  # noqa: E402  (kept beside the scheme it serves)
 
 
 class SinusoidalScheme(PositionScheme):

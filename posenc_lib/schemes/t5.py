@@ -26,8 +26,8 @@ import math
 import torch
 from torch import nn
 
-from .attention import PositionScheme
-from .utils import check_positive_int, relative_positions
+from ..attention.layer import PositionScheme
+from ..utils import check_positive_int, relative_positions
 
 
 def t5_relative_bucket(

@@ -6,7 +6,7 @@ the patch below a neighbour ``width`` tokens away; the schemes here code the row
 
 * **2-D sinusoidal** (Dosovitskiy et al. 2021 use learned codes; the fixed 2-D sin/cos code is the
   one of MAE, He et al. 2022, arXiv:2111.06377): half of the channels code the row with lesson 03's
-  code, half the column.  ``sinusoidal_table_2d`` lives in :mod:`posenc_lib.sinusoidal`.
+  code, half the column.  ``sinusoidal_table_2d`` lives in :mod:`posenc_lib.schemes.sinusoidal`.
 * **2-D relative bias** (Swin Transformer, Liu et al. 2021, arXiv:2103.14030; the T5 idea of
   lesson 07 on a grid): one learned scalar per head and per offset ``(dy, dx)``, a table of
   ``(2H - 1)(2W - 1)`` rows, added to the logits:
@@ -24,7 +24,7 @@ from torch import nn
 
 from .rotary import apply_rope
 from .sinusoidal import sinusoidal_table_2d
-from .utils import check_even, check_positive_int
+from ..utils import check_even, check_positive_int
 
 __all__ = ["grid_positions", "relative_offsets_2d", "RelativeBias2D", "axial_rope"]
 

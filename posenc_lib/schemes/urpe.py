@@ -13,14 +13,14 @@ learned Toeplitz matrix ``C``, ``c_ij = g_h(i - j)`` (one scalar per head and di
 Rows of ``alpha * C`` need not sum to 1, only ``i - j`` enters (still relative), and universality is
 restored.  The price: ``alpha`` must be materialised, so fused attention kernels are out.
 
-Taught in notebooks/10_alibi.ipynb (section "Universal RPE").
+Taught in notebooks/11_beyond_the_classics.ipynb.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .utils import check_positive_int
+from ..utils import check_positive_int
 
 
 def toeplitz_from_distances(g: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, max_distance: int) -> torch.Tensor:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import PositionScheme, on_host
-from .utils import check_even, check_float_range
+from ..attention.layer import PositionScheme, on_host
+from ..utils import check_even, check_float_range
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:

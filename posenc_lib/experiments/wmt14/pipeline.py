@@ -1,10 +1,10 @@
 """The course's finale: four Transformers that differ only in positional encoding, on WMT14 fr<->en.
 
-    python -m posenc_lib.wmt14 --profile {smoke,cpu,gpu} --pe none,sinusoidal,shaw,rope \\
+    python -m posenc_lib.experiments.wmt14 --profile {smoke,cpu,gpu} --pe none,sinusoidal,shaw,rope \\
         [--seeds 0,1] [--direction fr-en|en-fr] [--data-dir D] [--out runs/NAME] [--resume] [--jobs N]
-    python -m posenc_lib.wmt14 score runs/NAME          # BERTScore, paired bootstrap, figures, later
-    python -m posenc_lib.wmt14 make-data --src ../shared/data/wmt14-fr-en --out data-gpu --pairs 600000
-    python -m posenc_lib.wmt14 calibrate --profile gpu --data-dir data-gpu --jobs auto --budget-min 15
+    python -m posenc_lib.experiments.wmt14 score runs/NAME          # BERTScore, paired bootstrap, figures, later
+    python -m posenc_lib.experiments.wmt14 make-data --src ../shared/data/wmt14-fr-en --out data-gpu --pairs 600000
+    python -m posenc_lib.experiments.wmt14 calibrate --profile gpu --data-dir data-gpu --jobs auto --budget-min 15
 
 For each scheme and seed: train (train.py), translate both test sets, score
 them (evaluate.py), and write ``MODEL/result.json`` as soon as that model is
@@ -21,33 +21,28 @@ adds BERTScore on any machine that has them.
 
 Schemes: Vaswani et al. 2017 (sinusoidal, arXiv:1706.03762), Shaw et al. 2018
 (relative, arXiv:1803.02155), Su et al. 2021 (RoPE, arXiv:2104.09864) and no
-position information at all.  Taught in notebooks/12_wmt14_four_way.ipynb.
+position information at all.  Taught in notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import lzma
 import os
 import platform
 import random
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from ...schemes.registry import PE_TYPES, canonical_pe
+from ...utils import atomic_torch_save, atomic_write_json, atomic_write_text, available_cores, check_choice, read_json
 from .data import hub_available, load_wmt14
 from .evaluate import bertscore_f1, bertscore_model, bleu_chrf, paired_bootstrap, shuffle_words, translate
-from .schemes import PE_TYPES, canonical_pe
 from .tokenizer import get_tokenizer
-from .train import (PROFILES, Profile, barrier, cuda_bf16_native, dist_info, get_profile, resolve_precision,
-                    train_model)
-from .utils import (
-    CliParser, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores, check_choice, read_json,
-)
+from .train import Profile, barrier, cuda_bf16_native, dist_info, resolve_precision, train_model
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -147,7 +142,7 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
         d_src = tok.encode(splits["newstest2013"][pick[src_lang]])
         d_tgt = tok.encode(splits["newstest2013"][pick[tgt_lang]])
         # validation pairs come from the training length range, so the curve tracks learning rather
-        # than length extrapolation (lesson 12 scores longer sentences separately, by length bucket)
+        # than length extrapolation (lesson 17 scores longer sentences separately, by length bucket)
         ok = [i for i in range(len(d_src)) if 0 < len(d_src[i]) <= prof.max_tokens and 0 < len(d_tgt[i]) <= prof.max_tokens]
         if not ok:
             raise ValueError(f"no newstest2013 pair has <= max_tokens={prof.max_tokens} tokens on both sides")
@@ -185,7 +180,7 @@ def read_test_sets(run_dir) -> dict[str, tuple[list[str], list[str]]]:
 
 def _read_lines(path: Path) -> list[str]:
     if not path.is_file():
-        raise FileNotFoundError(f"missing {path} (written by python -m posenc_lib.wmt14; is this a run folder?)")
+        raise FileNotFoundError(f"missing {path} (written by python -m posenc_lib.experiments.wmt14; is this a run folder?)")
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
@@ -407,7 +402,7 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
     bert_spec = bertscore_model(tgt_lang, online) if prof.bertscore else None
     if prof.bertscore and bert_spec is None:
         log(f"BERTScore skipped: no offline model for target language {tgt_lang!r} "
-            "(add it later with: python -m posenc_lib.wmt14 score RUN_DIR)")
+            "(add it later with: python -m posenc_lib.experiments.wmt14 score RUN_DIR)")
     ctx = {"prof": prof, "run_dir": str(run_dir), "ckpt_root": str(ckpt_root), "direction": direction,
            "tokenizer_source": config["tokenizer_source"], "bert_spec": bert_spec, "device": device,
            "resume": resume, "stop_after": stop_after, "progress": progress}
@@ -499,14 +494,14 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     from ``run_dir``; ``seed`` picks one seed (default: the first one of each scheme).  Buckets
     starting beyond the training length limit (``max_tokens``) are marked ``beyond_training``.
     """
-    from .extrapolation import bleu_by_source_length
+    from ..extrapolation import bleu_by_source_length
 
     check_choice("test", test, ("heldout", "newstest2014"))
     run_dir = Path(run_dir)
     need = [run_dir / f"src.{test}.txt", run_dir / f"ref.{test}.txt", run_dir / "results.json"]
     missing = [str(p) for p in need if not p.is_file()]
     if missing:
-        raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.wmt14)")
+        raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.experiments.wmt14)")
     results = read_json(run_dir / "results.json")
     kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
     tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
@@ -727,129 +722,3 @@ def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, se
     size = sum(v["bytes"] for v in manifest["files"].values())
     log(f"make-data: {len(train[0])} training pairs ({n_extra} from newsdev) in {out_dir}, {size / 2**20:.1f} MiB")
     return manifest
-
-
-# -- command line ----------------------------------------------------------------------------------
-class _Parser(CliParser):
-    """Bad flags exit with status 2 and one line (no usage block, no traceback; ``--flag=--`` included)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _dist_timeout():
-    """How long a torchrun process waits at a collective: evaluation on rank 0 (BERTScore, bootstrap) can
-    outlast NCCL's default of 10 minutes; ``POSENC_DIST_TIMEOUT_MIN`` (default 180) sets it."""
-    from datetime import timedelta
-
-    return timedelta(minutes=float(os.environ.get("POSENC_DIST_TIMEOUT_MIN", "180")))
-
-
-def _score_main(argv) -> int:
-    ap = _Parser(prog="python -m posenc_lib.wmt14 score",
-                 description="Add BERTScore, paired bootstrap and figures to a finished run folder.")
-    ap.add_argument("run_dir")
-    ap.add_argument("--no-bertscore", action="store_true", help="only the paired bootstrap and the figures")
-    ap.add_argument("--device", default=None, help="device for BERTScore (default: cuda if present, else cpu)")
-    args = ap.parse_args(argv)
-    try:
-        score(args.run_dir, bertscore=not args.no_bertscore, device=args.device)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _make_data_main(argv) -> int:
-    ap = _Parser(prog="python -m posenc_lib.wmt14 make-data",
-                 description="Write a --data-dir folder with more Europarl training pairs (for a GPU run).")
-    ap.add_argument("--src", required=True, help="folder with train.fr.xz/train.en.xz (e.g. ../shared/data/wmt14-fr-en)")
-    ap.add_argument("--out", default="data-gpu", help="folder to write (default data-gpu, ignored by git)")
-    ap.add_argument("--pairs", type=int, default=600_000, help="training pairs to draw (default 600000)")
-    ap.add_argument("--max-words", type=int, default=50, help="longest side in words (default 50)")
-    ap.add_argument("--seed", type=int, default=2014)
-    ap.add_argument("--extra", action="store_true", help="also train on the newsdev 2008-2012 pairs in SRC/extra")
-    args = ap.parse_args(argv)
-    try:
-        make_data(args.src, args.out, pairs=args.pairs, max_words=args.max_words, seed=args.seed, extra=args.extra)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "score":
-        return _score_main(argv[1:])
-    if argv and argv[0] == "make-data":
-        return _make_data_main(argv[1:])
-    if argv and argv[0] == "calibrate":
-        from .calibrate import main as calibrate_main
-
-        return calibrate_main(argv[1:])
-    ap = _Parser(prog="python -m posenc_lib.wmt14", description=__doc__.split("\n\n")[0],
-                 epilog="Other commands: 'score RUN_DIR' (BERTScore, bootstrap, figures for a finished run), "
-                        "'make-data --src D --out D' (a larger --data-dir), 'calibrate' (time a few updates "
-                        "per scheme on this machine and fit max_steps to a time budget); each has --help.")
-    ap.add_argument("--profile", default="cpu", choices=list(PROFILES))
-    ap.add_argument("--pe", default=",".join(DEFAULT_PES), help="comma-separated schemes or 'all'")
-    ap.add_argument("--seeds", default="0", help="comma-separated integers")
-    ap.add_argument("--direction", default="fr-en", choices=DIRECTIONS)
-    ap.add_argument("--data-dir", default=None, help="folder with train/newstest2013/newstest2014[/heldout].{fr,en}")
-    ap.add_argument("--source", default="auto", choices=["auto", "hub", "files"])
-    ap.add_argument("--tokenizer", default=None, choices=["bpe", "mbert"])
-    ap.add_argument("--vocab", default=None, help="mBERT vocab.txt (default: data/vocab/)")
-    ap.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy)")
-    ap.add_argument("--out", default=None, help="run folder (default runs/wmt14-PROFILE)")
-    ap.add_argument("--ckpt-dir", default=None, help="checkpoints and data cache (default: OUT-ckpt next to OUT)")
-    ap.add_argument("--resume", action="store_true", help="continue unfinished models from their checkpoints")
-    ap.add_argument("--jobs", default="1", help="models trained at once as separate processes on one device "
-                                                "(an integer or 'auto': one per 16 GiB of GPU memory, at most 4)")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (per job)")
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    try:
-        overrides = parse_sets(args.set)
-        if args.tokenizer:
-            overrides["tokenizer"] = args.tokenizer
-        if args.beam is not None:
-            overrides["beam"] = str(args.beam)
-        prof = get_profile(args.profile, overrides)
-        pes = parse_pes(args.pe)
-        seeds = parse_seeds(args.seeds)
-        for flag, v in (("--threads", args.threads), ("--stop-after", args.stop_after)):
-            if v is not None and v < 1:
-                raise ValueError(f"{flag} must be a positive integer, got {v}")
-        if args.jobs.strip().lower() != "auto":
-            resolve_jobs(args.jobs, "cpu", 1)
-        for flag, folder in (("--out", args.out), ("--ckpt-dir", args.ckpt_dir)):
-            if folder and Path(folder).exists() and not Path(folder).is_dir():
-                raise ValueError(f"{flag} {folder} is a file; give a folder")
-    except ValueError as err:
-        ap.error(str(err))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=_dist_timeout())
-    try:
-        run(prof, pes, seeds, args.out or f"runs/wmt14-{prof.name}", direction=args.direction,
-            data_dir=args.data_dir, source=args.source, vocab=args.vocab, resume=args.resume,
-            progress=not args.no_progress and sys.stderr.isatty(), stop_after=args.stop_after,
-            ckpt_dir=args.ckpt_dir, jobs=args.jobs, threads=args.threads)
-    except (FileNotFoundError, ValueError, ConnectionError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    finally:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@
   makes CPU training about 4x slower, which is why ``bpe`` is the default.
 
 Ids 0..3 of the BPE vocabulary are ``<pad> <unk> <s> </s>``.  Used by
-``python -m posenc_lib.wmt14``; taught in notebooks/12_wmt14_four_way.ipynb.
+``python -m posenc_lib.experiments.wmt14``; taught in notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from ...utils import REPO_ROOT
+
 #: the shipped mBERT vocabulary (see data/SOURCES.md)
-MBERT_VOCAB = Path(__file__).resolve().parent.parent / "data" / "vocab" / "bert-base-multilingual-cased-vocab.txt"
+MBERT_VOCAB = REPO_ROOT / "data" / "vocab" / "bert-base-multilingual-cased-vocab.txt"
 TOKENIZERS = ("bpe", "mbert")
 
 

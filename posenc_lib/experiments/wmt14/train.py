@@ -20,7 +20,7 @@ device and read once per ``log_every`` updates.  Under ``torchrun`` each
 process trains on its own share of every epoch's batches and
 DistributedDataParallel averages the gradients (gloo on CPU, NCCL on GPUs);
 every process starts from the same weights but draws its own dropout masks
-(seed + rank).  Used by ``python -m posenc_lib.wmt14``; notebooks/12 shows it.
+(seed + rank).  Used by ``python -m posenc_lib.experiments.wmt14``; notebooks/12 shows it.
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from .evaluate import pad_batch
-from .model import build_model
+from ...models.seq2seq import build_model
 from .tokenizer import TOKENIZERS
-from .utils import atomic_torch_save, check_choice, set_seed
+from ...utils import atomic_torch_save, check_choice, set_seed
 
 #: ``precision`` values: ``auto`` = bf16 where the GPU supports it, else fp16 (+ GradScaler); fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")

@@ -1,0 +1,10 @@
+"""The course's experiments: each trains models, writes one result file per model and resumes.
+
+* ``extrapolation.py``: train short, test long on reversal (lesson 13);
+  ``python -m posenc_lib.experiments.extrapolation``.
+* ``long_context.py``: a character language model trained at 64, read at up to 512, with RoPE's
+  rescalings (lessons 10 and 14); ``python -m posenc_lib.experiments.long_context``.
+* ``long_context_extra.py``: two extra models beside that run (lessons 07 and 10).
+* ``wmt14/``: the finale, French-English translation (lesson 17): data, tokenizer, training,
+  evaluation, calibration and the command line ``python -m posenc_lib.experiments.wmt14``.
+"""

@@ -1,0 +1,26 @@
+"""Positional encoding schemes, one module per idea, in course order, and the registry.
+
+==================  ==============================================================  ========
+module              scheme                                                          lesson
+==================  ==============================================================  ========
+``absolute.py``     integer, normalised, binary, learned and hierarchical positions  02, 04
+``sinusoidal.py``   Vaswani et al.'s sin/cos code (and its 2-D form)                 03
+``shaw.py``         Shaw et al.'s clipped relative tables                            05
+``rotary.py``       RoPE                                                             06
+``rope_scaling.py`` RoPE's frequency rescalings: PI, NTK, YaRN, Llama 3               06, 14
+``t5.py``           T5's bucketed relative bias                                      07
+``twod.py``         2-D positions for image patches                                  07
+``xlnet.py``        Transformer-XL / XLNet relative scores                           08
+``deberta.py``      DeBERTa's disentangled attention                                 09
+``alibi.py``        ALiBi's linear biases                                            10
+``urpe.py``         Universal RPE                                                    11
+``floater.py``      FLOATER                                                          11
+``complex_order.py`` complex-order embeddings                                        11
+``registry.py``     ``PE_TYPES``, ``make_scheme``: every scheme by name              all
+==================  ==============================================================  ========
+
+Each scheme is a :class:`~posenc_lib.attention.layer.PositionScheme` that overrides only the hooks it needs.
+"""
+from .registry import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
+
+__all__ = ["PAPERS", "PE_ALIASES", "PE_TYPES", "canonical_pe", "make_scheme", "scheme_options"]

@@ -1,0 +1,167 @@
+"""The library's layout: folders that name its parts, imports that run one way, no circles.
+
+The import graph is read from the source with ``ast`` (nothing is imported), with every import
+counted, including the ones inside functions: a circle that only closes at run time is still a
+circle a reader has to untangle.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "posenc_lib"
+
+#: the parts, lowest first: a module may import from its own part or a lower one, never a higher one
+LAYERS = ("utils", "attention", "schemes", "models", "experiments", "course")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def library_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(LIB.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The library modules ``name`` imports (the module itself, or ``X.y`` when ``from X import y``
+    names a submodule)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "posenc_lib"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "posenc_lib":
+                continue
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]
+            if subs and len(subs) == len(node.names):
+                found |= set(subs)
+            else:
+                found.add(target)
+                found |= set(subs)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = library_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_library_has_no_import_cycle():
+    assert find_cycle(import_graph()) is None, " -> ".join(find_cycle(import_graph()))
+
+
+def test_cycle_finder_finds_a_circle():
+    # the check above can fail: the two circles the flat layout had
+    assert find_cycle({"a": {"c"}, "c": {"s"}, "s": {"a"}}) == ["a", "c", "s", "a"]
+    assert find_cycle({"wmt14": {"calibrate"}, "calibrate": {"wmt14"}}) == ["calibrate", "wmt14", "calibrate"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_imports_run_one_way():
+    """utils <- attention <- schemes <- models <- experiments <- course: nothing imports a higher part
+    (in particular the attention kernels never import a scheme)."""
+    wrong = []
+    for module, targets in import_graph().items():
+        here = layer_of(module)
+        if here is None:
+            continue
+        wrong += [f"{module} imports {t}" for t in targets if (layer_of(t) or 0) > here]
+    assert not wrong, wrong
+
+
+def test_graph_reads_relative_imports():
+    graph = import_graph()
+    assert "posenc_lib.attention.cpu_flash" in graph["posenc_lib.schemes.shaw"]
+    assert "posenc_lib.attention.layer" in graph["posenc_lib.schemes.rotary"]  # imported inside the module
+    assert "posenc_lib.experiments.wmt14.pipeline" in graph["posenc_lib.experiments.wmt14.calibrate"]
+    assert "posenc_lib.experiments.wmt14.pipeline" not in graph["posenc_lib.experiments.wmt14.train"]
+
+
+def test_folders_name_the_parts():
+    """Every module sits in a part of the library (only ``utils`` and the package's ``__init__`` at the top)."""
+    top = sorted(p.name for p in LIB.glob("*.py"))
+    assert top == ["__init__.py", "utils.py"]
+    assert sorted(p.name for p in LIB.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(LAYERS[1:])
+    for part in LAYERS[1:]:
+        init = LIB / part / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), f"{init} has no docstring"
+
+
+@pytest.mark.parametrize("name", ["attention.layer", "attention.cpu_flash", "schemes.rotary", "schemes.registry",
+                                  "models.causal_lm", "experiments.wmt14.pipeline", "course.scorecard"])
+def test_modules_stay_small(name):
+    lines = (LIB / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8").count("\n")
+    assert lines < 900, f"{name}: {lines} lines"
+
+
+def test_results_hold_data_not_code():
+    """Experiment entry points live in the library or scripts/, never under results/."""
+    assert not [p.relative_to(ROOT).as_posix() for p in (ROOT / "results").rglob("*.py")]
+
+
+def test_public_names_still_import_from_the_package():
+    import posenc_lib
+
+    for name in posenc_lib.__all__:
+        assert getattr(posenc_lib, name) is not None
+
+
+def test_no_old_module_paths_in_the_tree():
+    """Commands, imports and links name the new module paths (the flat modules are gone)."""
+    flat = ("absolute|alibi|beam|calibrate|complex_order|cpu_flash|data|deberta|decoding|evaluate|explorers|extrapolation|"
+            "flex|floater|longctx|model|notebook|rope_scaling|rotary|scorecard|shaw|sinusoidal|t5|tokenizer|train|twod|"
+            "urpe|wmt14|xlnet")
+    # attention and schemes are packages now: only their old file paths are stale
+    pattern = re.compile(rf"posenc_lib[./](?:(?:{flat})\b(?!-)|(?:attention|schemes)\.py\b)")
+    bad = []
+    files = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "tests").glob("*.py"),
+             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.md"), *(ROOT / "scripts").iterdir(),
+             *(ROOT / "book").glob("*.py"), *LIB.rglob("*.py")]
+    for path in files:
+        if path == Path(__file__):
+            continue
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in pattern.finditer(line):
+                bad.append(f"{path.relative_to(ROOT)}:{i}: {m.group(0)}")
+    assert not bad, bad[:20]
