@@ -243,7 +243,7 @@ def test_results_json_schema_and_resume(tmp_path, monkeypatch):
     assert s["alibi"]["lengths"] == [4, 6, 12]
     for v in s.values():
         assert all(lo <= m <= hi for lo, m, hi in zip(v["min"], v["mean"], v["max"]))
-    tf = ex.summarize(recs, "tf_token_accuracy")  # the teacher-forced metric lesson 11 plots
+    tf = ex.summarize(recs, "tf_token_accuracy")  # the teacher-forced metric lesson 13 plots
     by_len = {row["length"]: row["tf_token_accuracy"] for row in recs[1]["eval"]}
     assert tf["alibi"]["mean"] == [by_len[n] for n in tf["alibi"]["lengths"]]  # one seed: mean = the record
 

@@ -1,4 +1,4 @@
-"""Lesson 13: RoPE context extension (PI, dynamic NTK, YaRN, Llama 3) and the long-context experiment."""
+"""Lesson 14: RoPE context extension (PI, dynamic NTK, YaRN, Llama 3) and the long-context experiment."""
 import math
 import random
 import warnings

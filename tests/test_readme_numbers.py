@@ -152,7 +152,7 @@ def test_readme_wmt14_table_matches_results():
 
     results = json.loads(WMT14.read_text())
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Lesson 12 results", 1)[1].split("\n#", 1)[0]
+    section = text.split("### Lesson 17 results", 1)[1].split("\n#", 1)[0]
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -171,7 +171,7 @@ def test_readme_wmt14_table_matches_results():
 def test_readme_wmt14_prose_matches_results():
     """The sentences under the README's WMT14 table quote results.json too."""
     results = json.loads(WMT14.read_text())
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("### Lesson 12 results", 1)[1].split("\n#", 1)[0]
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("### Lesson 17 results", 1)[1].split("\n#", 1)[0]
     section = " ".join(section.split())
     models = results["models"]
     aware = [pe for pe in models if pe != "none"]
@@ -190,8 +190,8 @@ def test_readme_wmt14_prose_matches_results():
     assert worst_aware > max(r["tests"]["heldout"]["bleu"] for r in models["none"].values())  # "for every seed"
 
 
-def test_lesson_11_course_run_cost_matches_the_result_files():
-    """README and lesson 11 quote the summed training time of the committed three-seed course run."""
+def test_lesson_13_course_run_cost_matches_the_result_files():
+    """README and lesson 13 quote the summed training time of the committed three-seed course run."""
     course = ROOT / "results" / "extrapolation_course"
     secs = {arch: sum(json.loads(p.read_text())["train"]["seconds"] for p in (course / arch).glob("*_seed*.json"))
             for arch in ("encdec", "decoder")}  # fmt: skip
@@ -200,7 +200,7 @@ def test_lesson_11_course_run_cost_matches_the_result_files():
     minutes = round(sum(secs.values()) / 60, -1)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"all {models} models (3 seeds) took {minutes:.0f} min of single-thread training" in readme
-    nb = json.loads((ROOT / "notebooks" / "11_length_extrapolation.ipynb").read_text(encoding="utf-8"))
+    nb = json.loads((ROOT / "notebooks" / "13_length_extrapolation.ipynb").read_text(encoding="utf-8"))
     text = " ".join(" ".join("".join(c["source"]).split()) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert f"All {models} models" in text and f"took {minutes:.0f} minutes of single-thread training" in text
     assert f"({secs['encdec']:.0f} s and {secs['decoder']:.0f} s, summed from the result files)" in text
@@ -229,13 +229,13 @@ def test_readme_quotes_the_runs_before_this_one():
     assert f"the three repeats of `none` spanned {min(times):.1f}–{max(times):.1f} s" in section
 
 
-def test_lesson_10_uses_the_benchmark_goals():
-    """Lesson 10's cost cell writes the L = 1024 goals out; they must be the suite's own."""
+def test_lesson_12_uses_the_benchmark_goals():
+    """Lesson 12's cost cell writes the L = 1024 goals out; they must be the suite's own."""
     import ast
 
     from benchmarks.report import TARGETS_1024
 
-    cells = json.loads((ROOT / "notebooks" / "10_alibi.ipynb").read_text(encoding="utf-8"))["cells"]
+    cells = json.loads((ROOT / "notebooks" / "12_cost.ipynb").read_text(encoding="utf-8"))["cells"]
     lines = [line for c in cells for line in "".join(c["source"]).splitlines() if line.startswith("goals = {")]
     assert len(lines) == 1
     assert ast.literal_eval(lines[0].split("=", 1)[1].split("#", 1)[0].strip()) == TARGETS_1024
