@@ -14,7 +14,7 @@ Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verd
 measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
 Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-10
-(the full table closes notebooks/10_alibi.ipynb).
+(the full table closes notebooks/11_beyond_the_classics.ipynb).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ happens every :data:`SYNC_EVERY` steps, so the device is not stalled at each
 token, and the extra columns (padding only) are cut off at the end, so the
 result is the same either way.
 
-Taught in notebooks/06_rope.ipynb (the cache) and used by notebooks/12.
+Taught in notebooks/06_rope.ipynb (the cache) and used by notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
 

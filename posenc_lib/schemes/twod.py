@@ -15,7 +15,7 @@ the patch below a neighbour ``width`` tokens away; the schemes here code the row
   rotate the first half of each head by the row, the second half by the column (lesson 06's
   rotation twice), so ``q_i . k_j`` depends on ``(row_j - row_i, col_j - col_i)`` only.
 
-Taught in notebooks/07_t5_bias.ipynb (section "Positions in two dimensions").
+Taught in notebooks/11_beyond_the_classics.ipynb.
 """
 from __future__ import annotations
 

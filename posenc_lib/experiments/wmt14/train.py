@@ -20,7 +20,7 @@ device and read once per ``log_every`` updates.  Under ``torchrun`` each
 process trains on its own share of every epoch's batches and
 DistributedDataParallel averages the gradients (gloo on CPU, NCCL on GPUs);
 every process starts from the same weights but draws its own dropout masks
-(seed + rank).  Used by ``python -m posenc_lib.experiments.wmt14``; notebooks/12 shows it.
+(seed + rank).  Used by ``python -m posenc_lib.experiments.wmt14``; notebooks/17_finale_wmt14.ipynb shows it.
 """
 from __future__ import annotations
 
