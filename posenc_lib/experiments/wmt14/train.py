@@ -167,6 +167,11 @@ PROFILES: dict[str, Profile] = {
     # 1200 updates with warmup 120. Measured on 2 cores: 0.33-0.5 s per update without positions,
     # about 1.35x that for Shaw: 7-14 minutes of training per model plus a few minutes of evaluation.
     "cpu": Profile(name="cpu"),
+    # Two CPU cores, trained as far as they take the finale in a few hours: the cpu profile's model and
+    # recipe, bf16 autocast (benchmarks/results/train_speed.json: 1.4-1.5x fp32 on a CPU with AVX-512 BF16;
+    # on a CPU without native bf16 pass --set precision=fp32), 10,000 updates per model (about 14.8M target
+    # tokens, 4.2 epochs of the shipped pairs), warmup 500. Two models at once on one thread each.
+    "laptop": Profile(name="laptop", precision="bf16", max_steps=10000, warmup=500, val_every=500, ckpt_every=250),
     # One GPU: the base Transformer's body (d512, 8 heads, 6+6 layers, ff 2048; 52M parameters with a
     # 16k joint BPE), <= 64-token pairs, ~24k target tokens per update, 3200 updates (~77M target
     # tokens, ~4 epochs of 600k pairs). Sized by arithmetic in benchmarks/README.md: four schemes x two
