@@ -1,0 +1,150 @@
+"""Reading a finished WMT14 run folder the way a careful reader needs it: over every seed.
+
+* :func:`seed_stats`: a metric's per-seed values, mean and 95% t-interval per scheme;
+* :func:`bootstrap_by_seed`: sacreBLEU's paired bootstrap between schemes, for every seed (not only the first);
+* :func:`within_training_length`: BLEU and chrF on the test sentences whose source fits the training length;
+* :func:`bleu_by_length_over_seeds`: BLEU per source-length bucket, averaged over the seeds.
+
+Each reads only the run folder (``results.json``, ``src``/``ref`` files, each model's ``hyp`` files and the
+run's ``tokenizer.json``).  Taught in notebooks/17_finale_wmt14.ipynb.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+from ...utils import atomic_write_json, check_choice, read_json
+from .evaluate import bleu_chrf, paired_bootstrap
+from .pipeline import TESTS, bleu_by_length
+from .tokenizer import get_tokenizer
+
+#: two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (then the normal's 1.96 is within 2.3%)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t_quantile_975(dof: int) -> float:
+    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (``dof >= 1``)."""
+    if dof < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {dof}")
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def interval95(values: list[float]) -> tuple[float, float]:
+    """``(mean, half-width)`` of the 95% t-interval of the mean; the half-width is ``nan`` for one value."""
+    if not values:
+        raise ValueError("no values to summarise")
+    n = len(values)
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t_quantile_975(n - 1) * sd / math.sqrt(n)
+
+
+def _metric(res: dict, metric: str):
+    return res["shuffled_source"]["bleu"] if metric == "shuffled" else res.get(metric)
+
+
+def seed_stats(results: dict, test: str = "heldout", metric: str = "bleu") -> dict[str, dict]:
+    """``{scheme: {"values": {seed: v}, "mean", "ci95", "n", "min", "max"}}`` of one metric (``bleu``, ``chrf``,
+    ``bertscore_f1``, ``shuffled``) over the seeds each scheme has; ``ci95`` is the half-width (nan for one seed)."""
+    check_choice("test", test, TESTS)
+    check_choice("metric", metric, ("bleu", "chrf", "bertscore_f1", "shuffled"))
+    out = {}
+    for pe, by_seed in results["models"].items():
+        vals = {int(s): _metric(r["tests"][test], metric) for s, r in by_seed.items()}
+        vals = {s: v for s, v in sorted(vals.items()) if v is not None}
+        if vals:
+            mean, half = interval95(list(vals.values()))
+            out[pe] = {"values": vals, "mean": mean, "ci95": half, "n": len(vals), "min": min(vals.values()),
+                       "max": max(vals.values())}
+    return out
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (written by python -m posenc_lib.experiments.wmt14)")
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def bootstrap_by_seed(run_dir, test: str = "heldout", n_samples: int | None = None,
+                      schemes: list[str] | None = None, cache: bool = True) -> dict[int, list[dict]]:
+    """sacreBLEU's paired bootstrap between every two schemes (``schemes``, default all), separately for each seed
+    that at least two of them have: ``{seed: rows}`` (rows as :func:`~.evaluate.paired_bootstrap`).
+
+    ``n_samples`` defaults to the run's ``bootstrap_samples``.  With 1000 resamples the smallest p-value sacreBLEU
+    can report is about 0.001: read ``p = 0.001`` as "p <= 0.001", never as "p < 0.001".  ``cache``: keep the
+    answer in ``run_dir/bootstrap_by_seed.TEST.json`` with a digest of its inputs (the resample count, the
+    schemes, every hypothesis and reference file) and reuse it while they are unchanged.
+    """
+    check_choice("test", test, TESTS)
+    run_dir = Path(run_dir)
+    results = read_json(run_dir / "results.json")
+    n = n_samples or results["config"]["profile"]["bootstrap_samples"]
+    refs = _lines(run_dir / f"ref.{test}.txt")
+    names = [pe for pe in results["models"] if schemes is None or pe in schemes]
+    seeds = sorted({int(s) for pe in names for s in results["models"][pe]})
+    digest = hashlib.sha256(f"{n} {test} {names}".encode())
+    digest.update((run_dir / f"ref.{test}.txt").read_bytes())
+    for pe in names:
+        for s in sorted(results["models"][pe], key=int):
+            digest.update((run_dir / f"{pe}-seed{s}" / f"hyp.{test}.txt").read_bytes())
+    path = run_dir / f"bootstrap_by_seed.{test}.json"
+    if cache and path.is_file():
+        old = read_json(path)
+        if old.get("inputs") == digest.hexdigest():
+            return {int(s): rows for s, rows in old["seeds"].items()}
+    out = {}
+    for seed in seeds:
+        have = [pe for pe in names if str(seed) in results["models"][pe]]
+        if len(have) < 2:
+            continue
+        hyps = {pe: _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt") for pe in have}
+        out[seed] = paired_bootstrap(hyps, refs[: len(next(iter(hyps.values())))], n_samples=n)
+    if cache:
+        atomic_write_json(path, {"inputs": digest.hexdigest(), "n_samples": n, "test": test,
+                                 "seeds": {str(s): rows for s, rows in out.items()}})
+    return out
+
+
+def _tokenizer(run_dir: Path, results: dict):
+    kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
+    return get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
+
+
+def within_training_length(run_dir, test: str = "newstest2014") -> dict:
+    """BLEU and chrF of each model on the test sentences whose source has at most the run's ``max_tokens``
+    subword tokens: ``{"n": kept, "total": all, "max_tokens", "models": {scheme: {seed: {"bleu", "chrf"}}}}``."""
+    check_choice("test", test, TESTS)
+    run_dir = Path(run_dir)
+    results = read_json(run_dir / "results.json")
+    src, ref = _lines(run_dir / f"src.{test}.txt"), _lines(run_dir / f"ref.{test}.txt")
+    max_tokens = results["config"]["profile"]["max_tokens"]
+    keep = [i for i, ids in enumerate(_tokenizer(run_dir, results).encode(src)) if len(ids) <= max_tokens]
+    models = {}
+    for pe, by_seed in results["models"].items():
+        for seed in by_seed:
+            hyp = _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt")
+            scores = bleu_chrf([hyp[i] for i in keep], [ref[i] for i in keep])
+            models.setdefault(pe, {})[int(seed)] = {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+    return {"n": len(keep), "total": len(src), "max_tokens": max_tokens, "models": models}
+
+
+def bleu_by_length_over_seeds(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61)) -> dict[str, list[dict]]:
+    """BLEU per bucket of source length for every seed, then averaged: ``{scheme: [{"bucket", "min_len", "max_len",
+    "sentences", "beyond_training", "bleu" (mean over the seeds), "bleu_by_seed"}]}``."""
+    run_dir = Path(run_dir)
+    results = read_json(run_dir / "results.json")
+    seeds = sorted({int(s) for by_seed in results["models"].values() for s in by_seed})
+    per_seed = {seed: bleu_by_length(run_dir, test, edges, seed=seed) for seed in seeds}
+    out = {}
+    for pe, by_seed in results["models"].items():
+        have = [int(s) for s in by_seed]
+        rows = []
+        for k, bucket in enumerate(per_seed[have[0]][pe]):
+            vals = {s: per_seed[s][pe][k]["bleu"] for s in have}
+            rows.append({**{key: bucket[key] for key in bucket if key not in ("bleu", "chrf")},
+                         "bleu": sum(vals.values()) / len(vals), "bleu_by_seed": vals})
+        out[pe] = rows
+    return out

@@ -1,0 +1,64 @@
+"""posenc_lib.experiments.wmt14.report on the committed CPU run: statistics over seeds, per-seed bootstrap,
+the sentences within the training length, BLEU by length over seeds."""
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from posenc_lib.experiments.wmt14 import report as R
+from posenc_lib.experiments.wmt14 import summarize
+from posenc_lib.utils import read_json
+
+RUN = Path(__file__).resolve().parents[1] / "results" / "wmt14-cpu"
+
+
+def test_interval95_matches_the_t_distribution():
+    mean, half = R.interval95([1.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2))
+    mean, half = R.interval95([1.0, 2.0, 3.0])
+    assert half == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert math.isnan(R.interval95([5.0])[1])
+    with pytest.raises(ValueError, match="no values"):
+        R.interval95([])
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        R.t_quantile_975(0)
+
+
+def test_seed_stats_agree_with_summarize():
+    results = read_json(RUN / "results.json")
+    stats = R.seed_stats(results, "heldout", "bleu")
+    for pe, (mean, std, n) in summarize(results, "heldout", "bleu").items():
+        assert stats[pe]["mean"] == pytest.approx(mean) and stats[pe]["n"] == n == 2
+        assert stats[pe]["min"] <= mean <= stats[pe]["max"]
+    with pytest.raises(ValueError, match="valid choices"):
+        R.seed_stats(results, "heldout", "bleuu")
+
+
+def test_bootstrap_runs_for_every_seed_and_is_cached(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("figures"))
+    by_seed = R.bootstrap_by_seed(run, n_samples=20)
+    assert sorted(by_seed) == [0, 1]
+    for rows in by_seed.values():
+        assert {(r["baseline"], r["system"]) for r in rows} >= {("none", "rope"), ("sinusoidal", "shaw")}
+        assert all(0 <= r["bleu_p"] <= 1 for r in rows)
+    assert (run / "bootstrap_by_seed.heldout.json").is_file()
+    assert R.bootstrap_by_seed(run, n_samples=20) == by_seed  # read back, not recomputed
+    (run / "rope-seed1" / "hyp.heldout.txt").write_text("x\n" * 2000)  # changed inputs: recomputed
+    again = R.bootstrap_by_seed(run, n_samples=20)
+    assert again[1] != by_seed[1] and again[0] == by_seed[0]
+
+
+def test_within_training_length_keeps_the_short_sources():
+    w = R.within_training_length(RUN)
+    assert w["total"] == 3003 and w["max_tokens"] == 24
+    assert 0.2 < w["n"] / w["total"] < 0.35  # most newstest2014 sources are longer than 24 tokens
+    assert set(w["models"]) == {"none", "sinusoidal", "shaw", "rope"} and set(w["models"]["rope"]) == {0, 1}
+
+
+def test_bleu_by_length_averages_the_seeds():
+    rows = R.bleu_by_length_over_seeds(RUN)["rope"]
+    assert sum(r["sentences"] for r in rows) == 3003
+    for r in rows:
+        assert r["bleu"] == pytest.approx(sum(r["bleu_by_seed"].values()) / 2)
