@@ -8,13 +8,17 @@
 #   bash scripts/gpu_finale.sh pack DEST           # run folder (no checkpoints), log, benchmarks: DEST/wmt14-gpu.tar.gz
 #
 # BUDGET_MIN (default 14) is the wall time the run itself may take, after the tests and the calibration.
-# Settings from the environment: PYTHON (python3), DATA (data-gpu, made by `python -m posenc_lib.experiments.wmt14
-# make-data`), RUN_DIR (runs/wmt14-gpu), PROFILE (gpu), PES (none,sinusoidal,shaw,rope), SEEDS (0,1),
-# JOBS (auto), EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0).
+# The training data: SOURCE=hub (default) streams PAIRS (600000) pairs of the hub's wmt14 fr-en training split
+# (needs internet); SOURCE=files uses the 280k pairs shipped in data/ (offline); DATA=FOLDER uses a folder made
+# by `python -m posenc_lib.experiments.wmt14 make-data` (offline). Other settings from the environment: PYTHON
+# (python3), RUN_DIR (runs/wmt14-gpu), PROFILE (gpu), PES (none,sinusoidal,shaw,rope), SEEDS (0,1), JOBS (auto),
+# EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-DATA=${DATA:-data-gpu}
+DATA=${DATA:-}
+SOURCE=${SOURCE:-hub}
+PAIRS=${PAIRS:-600000}
 RUN=${RUN_DIR:-runs/wmt14-gpu}
 PROFILE=${PROFILE:-gpu}
 PES=${PES:-none,sinusoidal,shaw,rope}
@@ -24,7 +28,19 @@ EXTRA=${EXTRA:-}
 BENCH=${BENCH:-0}
 LOG=$RUN.log
 DONE=$RUN.done
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
+if [ -n "$DATA" ]; then
+  DATA_ARGS=(--data-dir "$DATA")
+elif [ "$SOURCE" = hub ]; then
+  DATA_ARGS=(--source hub --set "max_train_pairs=$PAIRS")
+elif [ "$SOURCE" = files ]; then
+  DATA_ARGS=(--source files)
+else
+  echo "SOURCE must be hub or files, got '$SOURCE' (or set DATA=FOLDER)" >&2
+  exit 2
+fi
+# the hub is needed only to read the data; BERTScore and the tests run offline
+[ "$SOURCE" = hub ] && [ -z "$DATA" ] || export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 
@@ -43,7 +59,7 @@ stages() {
   fi
   stamp "calibration (budget $budget min)"
   # shellcheck disable=SC2086 # EXTRA is a list of arguments
-  "$PY" -m posenc_lib.experiments.wmt14 calibrate --profile "$PROFILE" --data-dir "$DATA" --pe "$PES" --seeds "$SEEDS" \
+  "$PY" -m posenc_lib.experiments.wmt14 calibrate --profile "$PROFILE" "${DATA_ARGS[@]}" --pe "$PES" --seeds "$SEEDS" \
     --jobs "$JOBS" --out "$RUN" --budget-min "$budget" $EXTRA
   cmd=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['command'] or '')" "$RUN/calibration.json")
   if [ -z "$cmd" ]; then echo "no max_steps fits the budget"; return 1; fi

@@ -203,6 +203,21 @@ def test_gpu_finale_script_runs_every_stage_and_packs_the_run_without_checkpoint
         assert any(n.endswith(part) for n in names), part
     proc = subprocess.run(["bash", script, "bogus"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: bash scripts/gpu_finale.sh start" in proc.stderr
+    bad = {**env, "SOURCE": "sharedfolder"}
+    bad.pop("DATA")
+    proc = subprocess.run(["bash", script, "start"], env=bad, capture_output=True, text=True)
+    assert proc.returncode == 2 and "SOURCE must be hub or files, got 'sharedfolder'" in proc.stderr
+
+
+def test_gpu_runbook_needs_only_the_repository_and_the_hub():
+    """The GPU runbook and script read the hub's wmt14, the shipped files or a folder made from either: nothing
+    outside the repository."""
+    text = (ROOT / "README.md").read_text()
+    runbook = text[text.index("### Running the finale on a GPU"):text.index("- **The data folder.**")]
+    script = (ROOT / "scripts" / "gpu_finale.sh").read_text()
+    for doc in (runbook, script):
+        assert "../" not in doc and "shared/" not in doc
+    assert "--source hub --set max_train_pairs=600000" in runbook and 'SOURCE=${SOURCE:-hub}' in script
 
 
 def test_readme_describes_the_calibration_as_it_is():

@@ -280,7 +280,8 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
         warmup = max(1, round(prof.warmup * mine / prof.max_steps))
         parts = [f"python -m posenc_lib.experiments.wmt14 --profile {prof.name} --pe {','.join(pes)} --seeds {','.join(map(str, seeds))}",
                  f"--direction {direction}" if direction != "fr-en" else "",
-                 f"--data-dir {data_dir}" if data_dir else "", f"--out {run_dir}",
+                 f"--data-dir {data_dir}" if data_dir else "", f"--source {source}" if source != "auto" else "",
+                 f"--out {run_dir}",
                  f"--ckpt-dir {ckpt_dir}" if ckpt_dir else "", f"--jobs {jobs} --resume",
                  *[f"--set {k}={_text(v)}" for k, v in asdict(prof).items()
                    if v != getattr(PROFILES[prof.name], k) and k not in ("max_steps", "warmup")],
