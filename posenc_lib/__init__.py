@@ -18,7 +18,13 @@ from .schemes.deberta import DebertaDisentangled, deberta_log_bucket, disentangl
 from .models.seq2seq import Seq2SeqTransformer, build_model
 from .schemes.rotary import RotaryScheme, apply_rope, apply_rope_complex, rope_cos_sin, rotate_half
 from .schemes.rope_scaling import ROPE_TYPES, scaled_rope_frequencies
-from .schemes.registry import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
+from .schemes.registry import (
+    ALL_TYPES, PAPERS, PE_ALIASES, PE_TYPES, SURVEY_TYPES, canonical_pe, make_scheme, scheme_options,
+)
+from .schemes.cope import CoPE
+from .schemes.fire import FIRE
+from .schemes.kerple import Kerple
+from .schemes.xpos import XPos
 from .schemes.shaw import ShawRelative, shaw_key_scores, shaw_value_term
 from .schemes.sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
 from .schemes.t5 import T5Bias, t5_relative_bucket
@@ -34,4 +40,5 @@ __all__ = [
     "deberta_log_bucket", "disentangled_scores", "alibi_slopes", "alibi_bias", "shaw_key_scores",
     "shaw_value_term", "rel_shift", "xlnet_sinusoid", "SinusoidalScheme", "LearnedScheme", "ShawRelative",
     "RotaryScheme", "scaled_rope_frequencies", "ROPE_TYPES", "T5Bias", "XLNetRelative", "DebertaDisentangled", "ALiBi",
+    "SURVEY_TYPES", "ALL_TYPES", "XPos", "FIRE", "CoPE", "Kerple",
 ]  # fmt: skip

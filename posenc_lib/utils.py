@@ -230,3 +230,12 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 def relative_positions(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
     """``rel[i, j] = k_pos[j] - q_pos[i]`` (key minus query), shape ``(q_len, k_len)``."""
     return k_pos[None, :] - q_pos[:, None]
+
+
+def table_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """A score bias read from a table of per-distance values: ``(n, heads)`` ``table`` and ``(q_len, k_len)``
+    int64 rows ``index`` -> ``(1, heads, q_len, k_len)`` float32, ``bias[0, h, i, j] = table[index[i, j], h]``.
+
+    One lookup instead of evaluating a function of the distance at every (query, key) pair; the gradient
+    sums per table row (as T5's bucket table)."""
+    return torch.nn.functional.embedding(index, table.float()).permute(2, 0, 1)[None]

@@ -28,7 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from posenc_lib import PE_TYPES, build_model, greedy_decode
+from posenc_lib import ALL_TYPES, build_model, greedy_decode
 
 #: a fixed, fast draw for ``make test``; ``BAD_INPUT_EXAMPLES=500`` searches wider (and randomly)
 _N = int(os.environ.get("BAD_INPUT_EXAMPLES", "0"))
@@ -70,7 +70,7 @@ MODEL_ARGS = ("vocab_size", "d_model", "n_heads", "num_layers", "num_decoder_lay
 
 
 @FAST
-@given(pe=st.sampled_from(PE_TYPES), name=st.sampled_from(MODEL_ARGS), value=WEIRD)
+@given(pe=st.sampled_from(ALL_TYPES), name=st.sampled_from(MODEL_ARGS), value=WEIRD)
 def test_build_model_arguments(pe, name, value):
     kw = dict(TINY)
     vocab = value if name == "vocab_size" else VOCAB
@@ -90,11 +90,13 @@ SCHEME_OPTIONS = {
     "sinusoidal": ("base",), "learned": ("max_len", "init_std"), "shaw": ("max_relative_position",),
     "rope": ("base", "interleaved", "rotary_dim"), "t5": ("num_buckets", "max_distance"), "xlnet": ("base",),
     "deberta": ("position_buckets", "max_relative_positions"), "alibi": ("bidirectional",),
+    "xpos": ("scale_base", "gamma", "base", "interleaved", "rotary_dim"),
+    "fire": ("mlp_width", "init_c", "init_L", "shared_layers"), "cope": ("max_pos",), "kerple": ("kernel",),
 }  # fmt: skip
 
 
 @FAST
-@given(data=st.data(), value=st.one_of(WEIRD, st.sampled_from(["split", "symmetric", "left"])))
+@given(data=st.data(), value=st.one_of(WEIRD, st.sampled_from(["split", "symmetric", "left", "log", "power"])))
 def test_scheme_options(data, value):
     pe = data.draw(st.sampled_from(sorted(SCHEME_OPTIONS)))
     name = data.draw(st.sampled_from(SCHEME_OPTIONS[pe]))
@@ -165,7 +167,7 @@ INPUT_NAMES = ("src", "tgt", "src_key_padding_mask", "tgt_key_padding_mask", "ma
 
 
 @FAST
-@given(data=st.data(), pe=st.sampled_from(PE_TYPES), b=st.integers(0, 3))
+@given(data=st.data(), pe=st.sampled_from(ALL_TYPES), b=st.integers(0, 3))
 def test_forward_inputs(data, pe, b):
     """Wrong dtypes, shapes, ranges, empty batches, all-padding rows, lengths beyond a learned table."""
     model = _model(pe)
@@ -185,7 +187,7 @@ _LMS: dict[str, torch.nn.Module] = {}
 
 
 @FAST
-@given(pe=st.sampled_from(PE_TYPES), tokens=token_tensors(2))
+@given(pe=st.sampled_from(ALL_TYPES), tokens=token_tensors(2))
 def test_causal_lm_inputs(pe, tokens):
     """The long-context lesson's decoder-only model: the same contract for its one input."""
     from posenc_lib.experiments.long_context import CausalLM
@@ -200,7 +202,7 @@ def test_causal_lm_inputs(pe, tokens):
         _sane(out, tokens.shape[0], tokens.shape[1])
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_named_edge_cases(pe):
     """The cases the draws above should meet, made certain for every scheme."""
     model, src, tgt = _model(pe), _tokens(2, 5), _tokens(2, 4, seed=1)
@@ -226,7 +228,7 @@ def test_named_edge_cases(pe):
 
 
 @FAST
-@given(pe=st.sampled_from(PE_TYPES), src=token_tensors(2), max_new=WEIRD, bos=st.integers(-2, VOCAB + 2))
+@given(pe=st.sampled_from(ALL_TYPES), src=token_tensors(2), max_new=WEIRD, bos=st.integers(-2, VOCAB + 2))
 def test_greedy_decode_inputs(pe, src, max_new, bos):
     model = _model(pe)
     ys, err = works_or_names(

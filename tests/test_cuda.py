@@ -5,14 +5,14 @@ One command on a GPU machine, from the repository root::
     python tests/test_cuda.py          # or: python -m pytest -q tests/test_cuda.py -rA
 
 It prints the GPU and torch version, one line per check with the number it measured, and the
-pytest summary.  What it checks, for every position scheme:
+pytest summary.  What it checks, for every position scheme (``ALL_TYPES``: the classics and lesson 11's):
 
 * the forward pass and the gradients on the GPU equal the CPU's (float32, tolerance 1e-4);
 * no host synchronisation in a training forward pass or a cached decoding step
   (``torch.cuda.set_sync_debug_mode("error")``), and only a few in a whole greedy decoding;
 * cached greedy decoding equals uncached decoding, and beam 1 equals greedy;
 * a bf16-autocast training step gives a finite loss close to float32 and finite gradients;
-* the flash kernel really runs for none/sinusoidal/learned/rope: forward, backward and cached
+* the flash kernel really runs for none/sinusoidal/learned/rope/xpos: forward, backward and cached
   steps under ``sdpa_kernel(SDPBackend.FLASH_ATTENTION)`` (which raises if SDPA gets a mask);
 * a training run killed and resumed on the GPU follows the uninterrupted run.
 
@@ -33,7 +33,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from posenc_lib import PE_TYPES, build_model, greedy_decode, set_seed  # noqa: E402
+from posenc_lib import ALL_TYPES, build_model, greedy_decode, set_seed  # noqa: E402
 from posenc_lib.models.beam import beam_search  # noqa: E402
 from posenc_lib.models.decoding import SYNC_EVERY  # noqa: E402
 
@@ -46,7 +46,7 @@ gpu_only = pytest.mark.skipif(not ON_CUDA, reason="checks a CUDA-only behaviour"
 # head_dim 16: every SDPA kernel (flash included) accepts it
 SMALL = dict(d_model=64, n_heads=4, num_layers=2, dim_feedforward=128, dropout=0.0)
 V = 50
-FLASH_SCHEMES = ("none", "sinusoidal", "learned", "rope")
+FLASH_SCHEMES = ("none", "sinusoidal", "learned", "rope", "xpos")
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ def report(msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------- CUDA == CPU
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_forward_and_gradients_match_cpu(pe):
     cpu = small(pe).eval()
     dev = small(pe).eval().to(DEVICE)
@@ -98,7 +98,7 @@ def test_forward_and_gradients_match_cpu(pe):
 
 # ----------------------------------------------------------------------------- no host syncs
 @gpu_only
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_no_host_sync_in_forward_and_cached_steps(pe):
     """Any ``.item()``, ``int(tensor)`` or blocking copy in a forward pass raises here.  The loss
     and the backward pass are torch's own code; their syncs (if any) are counted and reported only."""
@@ -146,7 +146,7 @@ def test_greedy_decoding_reads_the_device_only_every_few_steps():
 
 
 # ----------------------------------------------------------------------------- decoding
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_cached_greedy_equals_uncached_and_beam_one(pe):
     model = small(pe).eval().to(DEVICE)
     src = batch(seed=1)[0].to(DEVICE)
@@ -159,7 +159,7 @@ def test_cached_greedy_equals_uncached_and_beam_one(pe):
 
 
 # ----------------------------------------------------------------------------- bf16 training
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_bf16_autocast_training_step(pe):
     if ON_CUDA and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")

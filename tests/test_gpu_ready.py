@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from posenc_lib import PE_TYPES, build_model, greedy_decode, make_scheme, set_seed
+from posenc_lib import ALL_TYPES, PE_TYPES, build_model, greedy_decode, make_scheme, set_seed
 from posenc_lib.models import decoding
 from posenc_lib.attention.layer import MultiHeadAttention, choose_attention_path
 from posenc_lib.models.beam import beam_search, length_penalty
@@ -152,7 +152,7 @@ class _NonMetaTensors(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_forward_and_cached_steps_read_nothing_back_and_build_nothing_on_the_cpu(pe):
     """On the meta device any ``.item()``/``int(tensor)``/``bool(tensor)`` raises, and the
     dispatch spy sees every tensor built on the CPU: the stand-in for "no host sync on a GPU"."""
@@ -168,7 +168,7 @@ def test_forward_and_cached_steps_read_nothing_back_and_build_nothing_on_the_cpu
     assert spy.seen == []
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_training_step_on_meta_reads_nothing_back(pe):
     m = small(pe).to("meta").train()
     src = torch.ones(2, 5, dtype=torch.long, device="meta")
@@ -239,7 +239,7 @@ def test_sinusoidal_frequencies_stay_float32_in_a_bf16_model():
 
 
 # ----------------------------------------------------------------------------- bf16 training
-@pytest.mark.parametrize("pe", PE_TYPES)
+@pytest.mark.parametrize("pe", ALL_TYPES)
 def test_bf16_autocast_training_step_on_cpu(pe):
     m = small(pe).train()
     opt = torch.optim.Adam(m.parameters(), lr=1e-3)

@@ -27,5 +27,11 @@ def test_torch_pinned_in_constraints_and_environment():
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
 
 
+def test_test_only_reference_pinned_in_constraints_and_environment():
+    """x-transformers (the reference for xPos and CoPE) is pinned: its code is what the parity tests read."""
+    assert "x-transformers==2.31.10" in (ROOT / "constraints.txt").read_text().split()
+    assert "x-transformers==2.31.10" in (ROOT / "environment.yml").read_text()
+
+
 def test_ci_calls_make_test():
     assert "make test" in (ROOT / ".ci" / "run").read_text()

@@ -10,7 +10,9 @@ of one score and its indices.  Every position scheme of this course that changes
 * DeBERTa: ``score + scale * (C2P[b, h, i, index[i, j]] + P2C[b, h, j, index[i, j]])``, both
   ``(B, H, L, 2k)``;
 * Transformer-XL: ``score + scale * (u . k_j + BD[b, h, i, j + Lq - 1 - i])``, the relative shift
-  done as an index inside ``score_mod``.
+  done as an index inside ``score_mod``;
+* any other scheme with score terms only (CoPE, whose positions are sums over a row of gates):
+  ``score + scale * terms[b, h, i, j]`` from its written-out terms (no memory saved).
 
 Padding and the causal mask are applied inside ``score_mod`` (``-inf``), and, where they let a
 whole block be skipped, as a block mask (``create_block_mask``).
@@ -131,8 +133,14 @@ def scheme_score_mod(pos, q, k, ctx, layer, attn, scale):
         bias = bias.expand(bias.shape[0], h_, lq, lk)
         per_batch = bias.shape[0] > 1
         return lambda b, h, i, j: bias[b if per_batch else 0, h, i, j].to(torch.float32)
+    if pos.adds_scores and not (pos.adds_bias or pos.adds_values):
+        # any other score scheme (CoPE, whose positions depend on a whole row of gates): its written-out
+        # terms, indexed (no saving over the explicit path, but the same kernel call)
+        extra = pos.scores(q, k, ctx, layer, attn).float() * scale
+        return lambda b, h, i, j: extra[b if extra.shape[0] > 1 else 0, h, i, j]
     raise ValueError(
-        f"no FlexAttention form for scheme {name!r}; valid choices: shaw, deberta, xlnet, or a bias-only scheme"
+        f"no FlexAttention form for scheme {name!r}; valid choices: shaw, deberta, xlnet, a bias-only scheme, "
+        "or a scheme with score terms only"
     )
 
 

@@ -7,9 +7,9 @@ places, and each scheme overrides only the hooks it needs:
 hook                what it does                                used by
 ==================  ==========================================  ===========================
 ``embed``           add a code to the token embeddings          sinusoidal, learned
-``rotate``          rotate queries and keys                     rope
-``bias``            add a content-free bias to the scores       t5, alibi
-``scores``          add content-dependent score terms           shaw, xlnet, deberta
+``rotate``          rotate queries and keys                     rope, xpos
+``bias``            add a content-free bias to the scores       t5, alibi, fire, kerple
+``scores``          add content-dependent score terms           shaw, xlnet, deberta, cope
 ``values``          add a term to the attention output          shaw
 ==================  ==========================================  ===========================
 

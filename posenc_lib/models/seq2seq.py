@@ -336,7 +336,8 @@ def build_model(
 ) -> Seq2SeqTransformer:
     """Build the seq2seq Transformer with positional encoding ``pe``.
 
-    ``pe``: one of :data:`~posenc_lib.PE_TYPES` or an alias (``nonepe``, ``sinpe``,
+    ``pe``: one of :data:`~posenc_lib.ALL_TYPES` (the classics of ``PE_TYPES`` and lesson 11's
+    ``SURVEY_TYPES``) or an alias (``nonepe``, ``sinpe``,
     ``rpe`` = shaw, ``rope``).  Defaults follow the seed report (d_model 64,
     8 heads, 6+6 layers, ff 2048).  Other keywords: the model's
     ``num_decoder_layers``, ``norm_first``, ``tie_embeddings``, ``pad_id``, and the

@@ -16,11 +16,16 @@ module              scheme                                                      
 ``urpe.py``         Universal RPE                                                    11
 ``floater.py``      FLOATER                                                          11
 ``complex_order.py`` complex-order embeddings                                        11
-``registry.py``     ``PE_TYPES``, ``make_scheme``: every scheme by name              all
+``xpos.py``         xPos: RoPE with a per-pair exponential decay                     11
+``fire.py``         FIRE: an MLP of the log-warped, normalised distance              11
+``cope.py``         CoPE: positions counted by gates, in units the query chooses     11
+``kerple.py``       Kerple's learned log and power kernels                           11
+``registry.py``     ``PE_TYPES``, ``SURVEY_TYPES``, ``make_scheme``: every scheme    all
 ==================  ==============================================================  ========
 
 Each scheme is a :class:`~posenc_lib.attention.layer.PositionScheme` that overrides only the hooks it needs.
 """
-from .registry import PAPERS, PE_ALIASES, PE_TYPES, canonical_pe, make_scheme, scheme_options
+from .registry import ALL_TYPES, PAPERS, PE_ALIASES, PE_TYPES, SURVEY_TYPES, canonical_pe, make_scheme, scheme_options
 
-__all__ = ["PAPERS", "PE_ALIASES", "PE_TYPES", "canonical_pe", "make_scheme", "scheme_options"]
+__all__ = ["ALL_TYPES", "PAPERS", "PE_ALIASES", "PE_TYPES", "SURVEY_TYPES", "canonical_pe", "make_scheme",
+           "scheme_options"]
