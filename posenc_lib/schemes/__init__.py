@@ -9,13 +9,13 @@ module              scheme                                                      
 ``rotary.py``       RoPE                                                             06
 ``rope_scaling.py`` RoPE's frequency rescalings: PI, NTK, YaRN, Llama 3               06, 14
 ``t5.py``           T5's bucketed relative bias                                      07
-``twod.py``         2-D positions for image patches                                  07
 ``xlnet.py``        Transformer-XL / XLNet relative scores                           08
 ``deberta.py``      DeBERTa's disentangled attention                                 09
 ``alibi.py``        ALiBi's linear biases                                            10
 ``urpe.py``         Universal RPE                                                    11
 ``floater.py``      FLOATER                                                          11
 ``complex_order.py`` complex-order embeddings                                        11
+``twod.py``         2-D positions for image patches                                  11
 ``xpos.py``         xPos: RoPE with a per-pair exponential decay                     11
 ``fire.py``         FIRE: an MLP of the log-warped, normalised distance              11
 ``cope.py``         CoPE: positions counted by gates, in units the query chooses     11
