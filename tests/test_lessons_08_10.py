@@ -233,3 +233,35 @@ def test_xlnet_two_stream_attention_matches_transformers_with_library_scores():
                           output_hidden_states=True).hidden_states[-2:]
         assert torch.allclose(stream(h0, content), h_ref, atol=1e-5)
         assert torch.allclose(stream(g0, query)[:, targets], g_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_deberta_position_terms_of_zero_content_are_a_prior_only_through_projection_biases(bias):
+    # lesson 09: c2p + p2c carry a content-free per-distance prior only through b_q, b_k
+    torch.manual_seed(0)
+    scheme = make_scheme("deberta", 32, 4, num_layers=1, position_buckets=4, max_relative_positions=16)
+    attn = MultiHeadAttention(32, 4, bias=bias)
+    ctx = scheme.prepare(torch.arange(10), torch.arange(10))
+    zero = torch.zeros(1, 10, 32)
+    with torch.no_grad():
+        terms = scheme.scores(attn.split(attn.q_proj(zero)), attn.split(attn.k_proj(zero)), ctx, 0, attn)
+    if bias:
+        assert torch.allclose(terms[..., 1:, 1:], terms[..., :-1, :-1], atol=1e-6) and terms.abs().max() > 1e-3
+    else:
+        assert torch.equal(terms, torch.zeros_like(terms))
+
+
+def test_relative_layer_gives_identical_tokens_identical_outputs_until_one_token_differs():
+    # lesson 09: position-free values average equal vectors; one distinct token lets the position leak in
+    torch.manual_seed(0)
+    scheme = make_scheme("deberta", 32, 4, num_layers=1, position_buckets=4, max_relative_positions=16)
+    attn = MultiHeadAttention(32, 4)
+    pos = torch.arange(12)
+    ctx = scheme.prepare(pos, pos)
+    same = torch.randn(1, 1, 32).expand(1, 12, 32).clone()
+    with torch.no_grad():
+        out = attn(same, pos=scheme, ctx=ctx)
+        assert torch.allclose(out, out[:, :1].expand_as(out), atol=1e-5)
+        same[0, 0] = torch.randn(32)
+        out = attn(same, pos=scheme, ctx=ctx)[0, 1:]
+    assert torch.cdist(out, out).add(torch.eye(11)).min() > 1e-4
