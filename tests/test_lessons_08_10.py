@@ -265,3 +265,17 @@ def test_relative_layer_gives_identical_tokens_identical_outputs_until_one_token
         same[0, 0] = torch.randn(32)
         out = attn(same, pos=scheme, ctx=ctx)[0, 1:]
     assert torch.cdist(out, out).add(torch.eye(11)).min() > 1e-4
+
+
+def test_symmetric_alibi_seq2seq_tells_a_source_from_its_reversal_once_an_end_token_anchors_it():
+    # lesson 10: reversal blindness holds only when nothing marks an end of the source
+    from posenc_lib import build_model
+
+    torch.manual_seed(0)
+    model = build_model("alibi", 50, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64).eval()
+    src, tgt, eos = torch.tensor([[5, 9, 17, 23, 31]]), torch.tensor([[1, 7, 8]]), torch.tensor([[2]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), model(src.flip(1), tgt))
+        a = model(torch.cat([src, eos], 1), tgt)
+        b = model(torch.cat([src.flip(1), eos], 1), tgt)
+    assert (a - b).abs().max() > 1e-3
