@@ -94,3 +94,47 @@ def test_shaw_layer_is_translation_invariant_and_uses_relative_positions():
     assert torch.equal(out, shifted)
     plain = attn(x)
     assert not torch.allclose(out, plain, atol=1e-4)  # the position terms do change the output
+
+
+@pytest.mark.parametrize("L,k", [(16, 3), (24, 5)])
+def test_shaw_gather_and_sum_per_distance_are_adjoint(L, k):
+    # lesson 05: the key term's gather and the value term's sum per distance are each other's backward pass
+    q = torch.randn(2, 3, L, 2 * k + 1, dtype=torch.float64)
+    grad = torch.randn(2, 3, L, L, dtype=torch.float64)
+    idx = shaw_index(torch.arange(L), torch.arange(L), k)
+    eye = torch.eye(2 * k + 1, dtype=torch.float64)
+    per_distance = shaw_value_term(grad, eye, idx)                    # sum of grad over the keys of each distance
+    expected = torch.zeros(2, 3, L, 2 * k + 1, dtype=torch.float64).scatter_add_(-1, idx.expand(2, 3, L, L), grad)
+    assert torch.allclose(per_distance, expected)
+    lhs = (shaw_key_scores(q, eye, idx) * grad).sum()                 # <gather(S), G>, with S = q here
+    rhs = (q * per_distance).sum()                                    # <S, sum per distance of G>
+    assert torch.allclose(lhs, rhs)
+
+
+def test_shaw_clipping_leaks_the_distance_to_the_ends():
+    # lesson 05: identical tokens get different outputs, on a line in the position, from the clipped end rows
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4).eval()
+    scheme = ShawRelative(32, 4, num_layers=1, max_relative_position=3)
+    same = torch.randn(1, 1, 32).expand(1, 16, 32)
+    pos = torch.arange(16)
+    with torch.no_grad():
+        out = attn(same, pos=scheme, ctx=scheme.prepare(pos, pos), layer=0)[0]
+    inner = out[3:13]                                                 # queries with keys in both end rows
+    steps = inner[1:] - inner[:-1]
+    assert steps.norm(dim=-1).min() > 1e-3                            # every position differs from its neighbour
+    cos = torch.nn.functional.cosine_similarity(steps[:-1], steps[1:], dim=-1)
+    assert cos.min() > 0.99                                           # and they lie on (nearly) a straight line
+
+
+def test_rotation_in_each_pair_makes_the_position_term_toeplitz_and_signed():
+    # lesson 05: p_i W p_j^T with W = I is symmetric; with W = T_3^T it is Toeplitz and peaks at j - i = +3
+    from posenc_lib.schemes.sinusoidal import sinusoidal_shift_matrix, sinusoidal_table
+
+    p = sinusoidal_table(24, 64).double()
+    sym = p @ p.T
+    assert torch.allclose(sym, sym.T)
+    m = p @ sinusoidal_shift_matrix(3, 64).double().T @ p.T
+    assert torch.allclose(m[1:, 1:], m[:-1, :-1], atol=1e-4)          # a function of j - i only
+    profile = torch.stack([m.diagonal(d).mean() for d in range(-6, 7)])
+    assert int(profile.argmax()) - 6 == 3 and not torch.allclose(m, m.T, atol=1e-2)

@@ -153,3 +153,27 @@ def test_t5_bias_fused_at_inference_but_not_when_it_needs_a_gradient():
 
     assert bias.requires_grad                      # a learned table: training needs this gradient
     assert flash(bias.detach()) and not flash(bias)
+
+
+def test_rope_score_of_independent_vectors_does_not_decay_but_aligned_ones_do():
+    # lesson 06: the long-range "decay" is a bound; for independent q, k the mean |score| is flat in the distance
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4096, 64, generator=g), torch.randn(4096, 64, generator=g)
+
+    def mean_score(a, b, r):
+        s = (apply_rope(a, torch.zeros(len(a))) * apply_rope(b, torch.full((len(b),), float(r)))).sum(-1)
+        return s.abs().mean().item(), s.mean().item()
+
+    flat = [mean_score(q, k, r)[0] for r in (0, 50, 500, 2000)]
+    assert max(flat) - min(flat) < 0.05 * max(flat)                 # rotation invariance of a random key
+    aligned = [mean_score(q, q, r)[1] for r in (0, 500)]
+    assert aligned[1] < 0.5 * aligned[0]                              # q = k: the phases drift apart
+
+
+def test_rope_angles_stay_float32_under_bfloat16_autocast():
+    # lesson 06: a bfloat16 product m * theta breaks relativity; the library forms the angles in float32
+    q, k = torch.randn(1, 64), torch.randn(1, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pairs = [(apply_rope(q, torch.tensor([m])), apply_rope(k, torch.tensor([m + 1]))) for m in range(4084, 4092)]
+    scores = [(a.double() @ b.double().T).item() for a, b in pairs]  # the dot product itself outside autocast
+    assert max(scores) - min(scores) < 0.01

@@ -190,3 +190,92 @@ def test_transformer_xl_memory_reach_grows_one_segment_per_layer_without_gradien
     assert reach == [(n + 2) * L - 1 for n in range(N)]          # layer n+1 reaches n+1 segments back
     _segment_outputs(layers, scheme, x, L)[-1][0, -1].sum().backward()
     assert torch.equal((x.grad[0].abs().sum(-1) > 0).nonzero().flatten(), torch.arange((S - 1) * L, S * L))
+
+
+def test_xlnet_two_stream_attention_matches_transformers_with_library_scores():
+    # lesson 08: content stream under the content mask, query stream (queries from mask_emb, keys and values from
+    # the content stream) under the query mask; scores from the library's XLNetRelative
+    import torch.nn.functional as F
+    from transformers import XLNetConfig, XLNetModel
+
+    torch.manual_seed(0)
+    d_model, heads, L = 16, 4, 5
+    xl = XLNetModel(XLNetConfig(vocab_size=11, d_model=d_model, n_layer=1, n_head=heads, d_inner=32, dropout=0.0)).eval()
+    for p in xl.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ref, layer = xl.layer[0].rel_attn, xl.layer[0]
+    attn, scheme = MultiHeadAttention(d_model, heads, bias=False), make_scheme("xlnet", d_model, heads, num_layers=1)
+    with torch.no_grad():
+        for ours, theirs in [(attn.q_proj, ref.q), (attn.k_proj, ref.k), (attn.v_proj, ref.v)]:
+            ours.weight.copy_(theirs.reshape(d_model, d_model).T)
+        scheme.r_proj[0].copy_(ref.r.reshape(d_model, d_model))
+        scheme.u[0].copy_(ref.r_w_bias)
+        scheme.v[0].copy_(ref.r_r_bias)
+    z = torch.randperm(L)
+    rank = torch.empty_like(z)
+    rank[z] = torch.arange(L)
+    content, query = rank[None, :] <= rank[:, None], rank[None, :] < rank[:, None]
+    targets = z[1:]
+    ids = torch.randint(0, 11, (1, L))
+    pos = torch.arange(L)
+    ctx = scheme.prepare(pos, pos)
+    with torch.no_grad():
+        h0, g0 = xl.word_embedding(ids), xl.mask_emb.expand(1, L, d_model)
+        kh, vh = attn.split(attn.k_proj(h0)), attn.split(attn.v_proj(h0))
+
+        def stream(x, allowed):
+            qx = attn.split(attn.q_proj(x))
+            s = (qx @ kh.transpose(-1, -2) + scheme.scores(qx, kh, ctx, 0, attn)) * (d_model // heads) ** -0.5
+            vec = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ vh
+            return layer.ff(layer.rel_attn.post_attention(x.transpose(0, 1), vec.permute(2, 0, 1, 3))).transpose(0, 1)
+
+        h_ref, g_ref = xl(ids, perm_mask=(~query).float()[None], target_mapping=F.one_hot(targets, L).float()[None],
+                          output_hidden_states=True).hidden_states[-2:]
+        assert torch.allclose(stream(h0, content), h_ref, atol=1e-5)
+        assert torch.allclose(stream(g0, query)[:, targets], g_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_deberta_position_terms_of_zero_content_are_a_prior_only_through_projection_biases(bias):
+    # lesson 09: c2p + p2c carry a content-free per-distance prior only through b_q, b_k
+    torch.manual_seed(0)
+    scheme = make_scheme("deberta", 32, 4, num_layers=1, position_buckets=4, max_relative_positions=16)
+    attn = MultiHeadAttention(32, 4, bias=bias)
+    ctx = scheme.prepare(torch.arange(10), torch.arange(10))
+    zero = torch.zeros(1, 10, 32)
+    with torch.no_grad():
+        terms = scheme.scores(attn.split(attn.q_proj(zero)), attn.split(attn.k_proj(zero)), ctx, 0, attn)
+    if bias:
+        assert torch.allclose(terms[..., 1:, 1:], terms[..., :-1, :-1], atol=1e-6) and terms.abs().max() > 1e-3
+    else:
+        assert torch.equal(terms, torch.zeros_like(terms))
+
+
+def test_relative_layer_gives_identical_tokens_identical_outputs_until_one_token_differs():
+    # lesson 09: position-free values average equal vectors; one distinct token lets the position leak in
+    torch.manual_seed(0)
+    scheme = make_scheme("deberta", 32, 4, num_layers=1, position_buckets=4, max_relative_positions=16)
+    attn = MultiHeadAttention(32, 4)
+    pos = torch.arange(12)
+    ctx = scheme.prepare(pos, pos)
+    same = torch.randn(1, 1, 32).expand(1, 12, 32).clone()
+    with torch.no_grad():
+        out = attn(same, pos=scheme, ctx=ctx)
+        assert torch.allclose(out, out[:, :1].expand_as(out), atol=1e-5)
+        same[0, 0] = torch.randn(32)
+        out = attn(same, pos=scheme, ctx=ctx)[0, 1:]
+    assert torch.cdist(out, out).add(torch.eye(11)).min() > 1e-4
+
+
+def test_symmetric_alibi_seq2seq_tells_a_source_from_its_reversal_once_an_end_token_anchors_it():
+    # lesson 10: reversal blindness holds only when nothing marks an end of the source
+    from posenc_lib import build_model
+
+    torch.manual_seed(0)
+    model = build_model("alibi", 50, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64).eval()
+    src, tgt, eos = torch.tensor([[5, 9, 17, 23, 31]]), torch.tensor([[1, 7, 8]]), torch.tensor([[2]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), model(src.flip(1), tgt))
+        a = model(torch.cat([src, eos], 1), tgt)
+        b = model(torch.cat([src.flip(1), eos], 1), tgt)
+    assert (a - b).abs().max() > 1e-3

@@ -339,3 +339,19 @@ def test_scaled_rope_is_built_on_the_positions_device_without_reading_values(sca
     q = torch.empty(1, 2, 20, 16, device="meta")
     oq, ok = scheme.rotate(q, q, ctx, 0)
     assert oq.shape == q.shape and oq.device.type == "meta"
+
+
+def test_t5_ablation_changes_nothing_within_the_training_length(tmp_path):
+    # lesson 07: the untrained buckets are replaced by the last trained one; at the training length no untrained
+    # bucket is used, so the evaluation there must not move
+    import json
+
+    from posenc_lib.experiments import long_context_extra as extra
+
+    cfg = lc.SMOKE
+    assert extra.trained_buckets(lc.COURSE) == list(range(27))         # distances 0..63 reach buckets 0..26
+    rec = json.loads(extra.t5_ablation(cfg=cfg, out=tmp_path).read_text())
+    assert rec["trained_buckets"] == extra.trained_buckets(cfg) and rec["table_max_abs_diff_vs_committed"] is None
+    assert sorted(rec["trained_buckets"] + rec["unseen_buckets"]) == list(range(32))
+    trained, copied = rec["eval"].values()
+    assert trained[0]["length"] == cfg.train_len and trained[0]["nll"] == copied[0]["nll"]

@@ -40,6 +40,15 @@ dtype only where they enter it.  Nothing in a forward pass reads a value back
 from the device (``.item()``, ``int(tensor)``): checks that must read values run
 only on CPU tensors (:func:`on_host`), where reading costs no synchronisation.
 
+Relative positions, one convention: a relative position is ``j - i``, the key's position minus the
+query's (:func:`posenc_lib.utils.relative_positions`); negative means the key lies to the left (in the
+past).  Shaw (``clip(j - i, k)``), T5 (``bucket(j - i)``), RoPE (``<R_m q, R_n k> = q^T R_{n-m} k``, query at
+``m``) and the 2-D offsets use it as written in their papers.  Transformer-XL/XLNet (``R_{i-j}``), DeBERTa
+(``delta(i, j)`` from ``i - j``) and URPE (``g(i - j)``) index by the query minus the key, ``-(j - i)``, as
+their papers and ``transformers`` do; the library keeps their index so that parity tests read alike.  ALiBi's
+``|i - j|`` does not depend on the order, and its causal ``-m (i - j)`` is ``m (j - i)``.  Each scheme's
+docstring says which form it uses; notebooks/01_why_position.ipynb states the convention for learners.
+
 Shapes: ``q: (batch, heads, q_len, head_dim)``, ``k, v: (batch, heads, k_len, head_dim)``;
 positions ``q_pos: (q_len,)``, ``k_pos: (k_len,)`` are absolute (a cached decoder
 step has ``q_pos = [t]`` and ``k_pos = [0..t]``).

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import math
+
 import torch
 
 REQUIREMENTS: tuple[str, ...] = (
@@ -214,6 +216,25 @@ def _rope_preserves_norm() -> bool:
     return torch.allclose(apply_rope(x, torch.arange(500)).norm(dim=-1), x.norm(dim=-1), atol=1e-4)
 
 
+def _rope_slow_pairs_unfinished_in_training() -> bool:
+    from ..schemes.rotary import rope_frequencies
+
+    # lesson 10's character LM: head_dim 16, base 10000, trained on 64 characters (distances up to 63)
+    theta = rope_frequencies(16, 10000.0, torch.device("cpu")).double()
+    unfinished = 63 * theta < 2 * math.pi                       # relative phase never completed a period
+    new_at_512 = unfinished & (511 * theta > 2 * math.pi)        # ... but does within 512 characters
+    return bool(unfinished.any() and not unfinished.all() and new_at_512.any())
+
+
+def _shaw_all_rows_reached_from_length_k_plus_1() -> bool:
+    from ..schemes.shaw import shaw_index
+
+    def rows(n):
+        pos = torch.arange(n)
+        return set(shaw_index(pos, pos, 4).unique().tolist())
+    return rows(4) != set(range(9)) and rows(5) == set(range(9))  # k = 4: the end rows need length k + 1
+
+
 def _rope_distinguishes_positions() -> bool:
     from ..schemes.rotary import apply_rope
 
@@ -291,7 +312,8 @@ ENTRIES: list[Entry] = [
         "deterministic": Verdict("✓", "fixed after training"),
         "bounded": Verdict("✓", "N rows of finite norm"),
         "consistent across lengths": Verdict("✓", "row t is row t"),
-        "beyond training length": Verdict("✗", "no row beyond max_len (an error); rows never trained stay random",
+        "beyond training length": Verdict("✗", "no row beyond max_len (an error); rows never trained stay random, "
+                                               "worse than no positions (lesson 04)",
                                           _learned_table_refuses_beyond_max_len),
         "relative distance readable": Verdict("~", "only if training builds it; no structure by design"),
     }),
@@ -300,8 +322,9 @@ ENTRIES: list[Entry] = [
         "deterministic": Verdict("✓", "fixed tables after training"),
         "bounded": Verdict("✓", "2k+1 learned rows, whatever the length"),
         "consistent across lengths": Verdict("✓", "depends on j - i only", _shaw_index_is_translation_invariant),
-        "beyond training length": Verdict("~", "every offset maps to a trained row; whether the model "
-                                               "generalises is task-dependent (lessons 05 and 11)", _shaw_index_clips),
+        "beyond training length": Verdict("~", "every offset maps to a trained row if training reached length k + 1; "
+                                               "whether the model generalises is task-dependent (lessons 05 and 13)",
+                                          _shaw_all_rows_reached_from_length_k_plus_1),
         "relative distance readable": Verdict("✓", "the distance is the index", _shaw_index_is_translation_invariant),
     }),
     Entry("RoPE", 6, {
@@ -310,8 +333,9 @@ ENTRIES: list[Entry] = [
         "deterministic": Verdict("✓", "a fixed formula, no parameters"),
         "bounded": Verdict("✓", "a rotation keeps every norm", _rope_preserves_norm),
         "consistent across lengths": Verdict("✓", "the angle depends on t only"),
-        "beyond training length": Verdict("~", _EXTRAPOLATION + "; unseen angles degrade it"),
-        "relative distance readable": Verdict("✓", "scores depend on m - n only", _rope_scores_relative),
+        "beyond training length": Verdict("~", _EXTRAPOLATION + "; slow pairs meet relative phases never seen in "
+                                               "training", _rope_slow_pairs_unfinished_in_training),
+        "relative distance readable": Verdict("✓", "scores depend on n - m only (key minus query)", _rope_scores_relative),
     }),
 ]
 
@@ -436,7 +460,8 @@ ENTRIES += [
         "relative distance readable": Verdict("✓", "c2p and p2c read the bucketed distance", _deberta_index_translation_invariant),
     }),
     Entry("ALiBi", 10, {
-        "unique": Verdict("~", "distances yes; the symmetric encoder form cannot tell left from right",
+        "unique": Verdict("~", "distances yes; the symmetric encoder form cannot tell left from right "
+                               "unless an anchor token marks one end",
                           _alibi_symmetric_in_encoder),
         "deterministic": Verdict("✓", "a fixed slope per head, no parameters"),
         "bounded": Verdict("~", "the penalty grows linearly with distance, by design", _alibi_penalty_grows_linearly),

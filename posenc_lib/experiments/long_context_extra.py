@@ -4,11 +4,14 @@
   evaluated at 64-512 characters, beside the committed ALiBi and RoPE runs of results/long_context.
 * ``t5``: a causal T5 bias, to show what its per-head table learns (lesson 07); the learned
   ``(num_buckets, heads)`` table is stored in the result file.
+* ``t5-ablation``: the same T5 model trained again (its table is compared with the committed one), evaluated
+  as trained and again with every bucket that training never reached set to the values of the last bucket it
+  did reach (per head): does the perplexity beyond the training length come from the untrained buckets?
 
 Same configuration (``long_context.COURSE``), data, seed, optimiser and evaluation as the committed runs;
 one thread per model; one JSON per model (temporary file + rename); finished files are skipped.
 
-    python -m posenc_lib.experiments.long_context_extra [--out results/long_context_extra] sinusoidal t5
+    python -m posenc_lib.experiments.long_context_extra [--out results/long_context_extra] sinusoidal t5 t5-ablation
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from ..models.causal_lm import CausalLM
 from . import long_context as longctx
 
 #: the models this module trains
-NAMES = ("sinusoidal", "t5")
+NAMES = ("sinusoidal", "t5", "t5-ablation")
 
 
 def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
@@ -52,6 +55,54 @@ def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     return path
 
 
+def trained_buckets(cfg: longctx.LongContextConfig, num_buckets: int = 32, max_distance: int = 128) -> list[int]:
+    """The causal T5 buckets that distances ``0 .. train_len - 1`` reach, i.e. the rows training updates."""
+    from ..schemes.t5 import t5_relative_bucket
+
+    return sorted(set(t5_relative_bucket(-torch.arange(cfg.train_len), False, num_buckets, max_distance).tolist()))
+
+
+def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
+                out: str | Path = "results/long_context_extra") -> Path:
+    """Retrain the ``t5`` model; evaluate it as trained and with its untrained buckets set to the last trained one.
+
+    Writes ``out/t5_ablation_seedSEED.json`` (skipped if it exists): the buckets, how far the retrained table
+    is from the committed ``t5_seedSEED.json`` table (0 when training is reproduced exactly), and both evaluations.
+    """
+    path = Path(out) / f"t5_ablation_seed{seed}.json"
+    if path.exists():
+        return path
+    torch.set_num_threads(cfg.threads)
+    vocab, train_ids, eval_ids = longctx.data(cfg)
+    set_seed(seed)
+    model = CausalLM(len(vocab), "t5", d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
+                     dim_feedforward=cfg.dim_feedforward)
+    t0 = time.perf_counter()
+    losses = longctx.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps,
+                                 lr=cfg.lr, warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)
+    seconds = time.perf_counter() - t0
+    table = model.pos.relative_attention_bias.weight                       # (num_buckets, heads)
+    seen = trained_buckets(cfg, model.pos.num_buckets, model.pos.max_distance)
+    unseen = [b for b in range(model.pos.num_buckets) if b not in seen]
+    committed = Path(out) / f"t5_seed{seed}.json"
+    diff = None
+    if committed.exists():
+        import json
+
+        ref = torch.tensor(json.loads(committed.read_text())["t5_bias_table"])
+        diff = round(float((table.detach() - ref).abs().max()), 6)
+    evals = {"as trained": longctx.evaluate(model, eval_ids, cfg.eval_lengths)}
+    with torch.no_grad():
+        table[unseen] = table[max(seen)].clone()                          # every unseen bucket = the last trained one
+    evals["unseen buckets = last trained bucket"] = longctx.evaluate(model, eval_ids, cfg.eval_lengths)
+    rec = longctx._record("ablation", "t5", seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab),
+                          trained_buckets=seen, unseen_buckets=unseen, table_max_abs_diff_vs_committed=diff)
+    atomic_write_json(path, rec)
+    print(f"done t5-ablation: {seconds:.0f} s, table vs committed {diff}; "
+          + "; ".join(f"{k}: " + longctx._ppl_line({"none": v}) for k, v in evals.items()), flush=True)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = CliParser(prog="python -m posenc_lib.experiments.long_context_extra", description=__doc__.split("\n")[0])
     p.add_argument("names", nargs="*", default=list(NAMES), help=f"models to train (default: {' '.join(NAMES)})")
@@ -63,7 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if Path(a.out).exists() and not Path(a.out).is_dir():
         p.error(f"--out {a.out} is a file; give a folder")
     for name in a.names:
-        run(name, out=a.out)
+        if name == "t5-ablation":
+            t5_ablation(out=a.out)
+        else:
+            run(name, out=a.out)
     return 0
 
 

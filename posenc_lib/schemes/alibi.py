@@ -11,10 +11,12 @@ with slopes ``m_h`` a geometric sequence: for ``n`` heads (a power of two)
 slopes of the closest smaller power of two ``c`` and adds every other slope of
 ``2c``.  The causal (paper) form only ever sees ``i >= j``; for a bidirectional
 encoder we use the symmetric distance ``|i - j|`` (as Press suggests for
-encoders, and as data2vec 2.0 and MosaicBERT do).
+encoders, and as data2vec 2.0 and MosaicBERT do).  The symmetric form does not depend on the sign
+convention; the causal ``-m_h (i - j)`` is ``m_h (j - i)`` in the course's (key minus query, ``j <= i``).
 
-A caveat the course measures: the symmetric bias cannot tell left from right.
-Reversing a source sentence keeps every ``|i - j|``, so a symmetric-ALiBi
+A caveat the course measures: the symmetric bias cannot tell left from right unless some token marks
+one end (an end-of-source anchor; lesson 13 measures one).  Reversing a source sentence without such a
+token keeps every ``|i - j|``, so a symmetric-ALiBi
 encoder maps a sentence and its reversal to reversed copies of the same
 vectors, and a position-free cross-attention cannot tell them apart.  The
 option ``bidirectional="split"`` (a variant, not from the paper) restores

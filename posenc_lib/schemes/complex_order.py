@@ -1,4 +1,4 @@
-"""Complex-order word embeddings (Wang, Zhao, Li, Zhang, Zhang, Lioma & Simonsen 2020, "Encoding
+"""Complex-order word embeddings (Wang, Zhao, Lioma, Li, Zhang & Simonsen 2020, "Encoding
 Word Order in Complex Embeddings", ICLR 2020, arXiv:1912.12333).
 
 An absolute code makes a word's input a function of the word ``j`` and the position ``t``,

@@ -19,6 +19,9 @@ tokens.  ``delta(i, j)`` is the relative position ``i - j``, log-bucketed
 the position -> content term follows the official implementation (and
 ``transformers``' ``DebertaV2``), which this module is tested against.
 
+Sign convention: ``delta`` is built from ``i - j`` (query minus key), as in the paper; in the course's
+convention (key minus query, :mod:`posenc_lib.attention.layer`) the row is ``clip(k - bucket(j - i), 0, 2k - 1)``.
+
 Taught in notebooks/09_deberta.ipynb.
 """
 from __future__ import annotations

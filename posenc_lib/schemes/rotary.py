@@ -7,6 +7,9 @@ Treat each pair of query/key dimensions as a complex number and multiply it by
     f(x, m) = R_m x,   R_m = blockdiag([[cos m.th_k, -sin m.th_k], [sin m.th_k, cos m.th_k]])
     <R_m q, R_n k> = q^T R_{n-m} k        (depends on m and n only through n - m)
 
+with the query at ``m`` and the key at ``n``: ``n - m`` is the course's convention, key minus query
+(:mod:`posenc_lib.attention.layer`); the paper writes its goal as a function of ``m - n``.
+
 Two conventions for *which* dimensions form a pair:
 
 * ``interleaved=True`` -- pairs ``(x0, x1), (x2, x3), ...`` as in the RoFormer paper

@@ -3,7 +3,8 @@ Relative Position Representations", arXiv:1803.02155).
 
 Two learned tables per layer, shared by all heads (the paper's section 3.3 memory option,
 used by its big model; its base model has one pair per layer and head), index the clipped distance
-``clip(j - i, k)`` (``k`` = ``max_relative_position``, 2k+1 rows each):
+``clip(j - i, k)`` (``k`` = ``max_relative_position``, 2k+1 rows each; ``j - i``, key minus query, is
+the paper's convention and the course's):
 
     e_ij = q_i . (k_j + a^K_ij) / sqrt(d)          (eq. 4)
     z_i  = sum_j alpha_ij (v_j + a^V_ij)            (eq. 3)

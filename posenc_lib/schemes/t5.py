@@ -10,7 +10,8 @@ Buckets (``num_buckets = 32``, ``max_distance = 128`` by default): in the
 bidirectional encoder half of the buckets code the sign; of the rest, the first
 half are exact distances 0, 1, 2, ... and the second half grow logarithmically
 up to ``max_distance``; every distance beyond shares the last bucket.  The
-causal decoder uses all buckets for non-positive ``j - i``.
+causal decoder uses all buckets for non-positive ``j - i``.  ``j - i`` (memory position minus query
+position in T5's code) is the course's convention, key minus query (:mod:`posenc_lib.attention.layer`).
 
 As in T5 the bias is computed once per stack and shared by all its layers; it
 enters ``scaled_dot_product_attention`` as a float ``attn_mask``.  (T5 itself

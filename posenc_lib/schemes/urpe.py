@@ -1,4 +1,4 @@
-"""Universal relative positional encoding, URPE (Luo, Li, Zheng, Zhang, He, Liu & Wang 2022,
+"""Universal relative positional encoding, URPE (Luo, Li, Zheng, Liu, Wang & He 2022,
 "Your Transformer May Not be as Powerful as You Expect", arXiv:2205.13401).
 
 With a relative scheme that keeps the values position-free (T5, Transformer-XL, DeBERTa, ALiBi, RoPE),
@@ -12,6 +12,9 @@ learned Toeplitz matrix ``C``, ``c_ij = g_h(i - j)`` (one scalar per head and di
 
 Rows of ``alpha * C`` need not sum to 1, only ``i - j`` enters (still relative), and universality is
 restored.  The price: ``alpha`` must be materialised, so fused attention kernels are out.
+
+Sign convention: ``g`` is indexed by ``i - j`` (query minus key), as in the paper; in the course's
+convention (key minus query, :mod:`posenc_lib.attention.layer`) that is ``g(-(j - i))``.
 
 Taught in notebooks/11_beyond_the_classics.ipynb.
 """

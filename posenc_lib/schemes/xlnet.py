@@ -18,6 +18,10 @@ distance the block needs, an ``(L_q, L_q + L_k - 1)`` matrix, and the
 *relative shift* (:func:`rel_shift`) slides row ``i`` left by ``L_q - 1 - i``
 so that column ``j`` holds distance ``i - j``, with reshapes only (no gather).
 
+Sign convention: the paper (and ``transformers``) index ``R`` by ``i - j``, the query minus the key, how
+far the key lies behind the query; in the course's convention (key minus query, ``j - i``, stated in
+:mod:`posenc_lib.attention.layer`) that is ``R_{-(j-i)}``.  The module keeps the paper's index.
+
 Taught in notebooks/08_transformer_xl_xlnet.ipynb.
 """
 from __future__ import annotations
