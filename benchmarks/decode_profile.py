@@ -85,7 +85,12 @@ def main(argv=None) -> dict:
     p.add_argument("--decode-batch", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--quick", action="store_true", help="the suite's tiny configuration (seconds)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out/decode_profile.json")
     a = p.parse_args(argv)
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out {a.out} is a file; give a folder")
+    if not a.overwrite and (a.out / "decode_profile.json").exists():
+        p.error(f"{a.out / 'decode_profile.json'} exists; pass --overwrite to replace it or --out to write elsewhere")
     if a.threads <= 0:
         p.error(f"--threads must be a positive integer, got {a.threads}")
     try:

@@ -3,11 +3,16 @@
 Writes ``<out>/train.json``, ``memory.json``, ``decode.json`` (machine facts,
 configuration, raw times, medians and ratios to ``none``), then ``table.md``
 and ``cost.png`` from whatever JSON files ``<out>`` holds.  See benchmarks/README.md.
+
+Without ``--out`` a run goes to a new folder ``runs/bench-STAMP`` (``runs/bench-quick-STAMP`` with
+``--quick``), never to the published ``benchmarks/results``; a part's JSON already in ``--out`` is
+replaced only with ``--overwrite`` (to publish: ``--out benchmarks/results --overwrite``).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import datetime as _dt
 import os
 import time
@@ -15,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from posenc_lib.utils import CliParser, atomic_write_json
+from posenc_lib.utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message,
+                              refuse_overwrite)
 
 from .common import ALL_SCHEMES, DTYPES, BenchConfig, available_cores, check_schemes, log, machine_info
 from .decode import bench_decode
@@ -25,8 +31,34 @@ from .train import bench_train
 
 SCHEMA = "posenc-bench/1"
 PARTS = ("train", "memory", "decode")
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-QUICK_OUT = Path(__file__).resolve().parent.parent / "runs" / "bench-quick"  # runs/ is not tracked
+#: the published results (committed; lessons and the README read them): written only with --out and --overwrite
+DEFAULT_OUT = PUBLISHED = Path(__file__).resolve().parent / "results"
+#: where a run without --out goes, one new folder per run (runs/ is not tracked)
+RUNS = Path(__file__).resolve().parent.parent / "runs"
+
+
+def default_out(quick: bool) -> Path:
+    """A new folder for a run without ``--out``: ``runs/bench-STAMP`` or ``runs/bench-quick-STAMP``."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = RUNS / f"bench{'-quick' if quick else ''}-{stamp}"
+    n = 1
+    while out.exists():
+        n += 1
+        out = RUNS / f"bench{'-quick' if quick else ''}-{stamp}-{n}"
+    return out
+
+
+def _made_by_suite(folder: Path) -> bool:
+    """Whether ``folder`` holds a JSON file of this suite (its table.md and cost.png are then reports of it)."""
+    import json
+
+    for part in PARTS:
+        try:
+            if json.loads((folder / f"{part}.json").read_text(encoding="utf-8")).get("schema") == SCHEMA:
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -64,9 +96,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="model dtype")
     p.add_argument(
-        "--out", type=Path, help="folder for the JSON, table.md and cost.png (default benchmarks/results; "
-        "with --quick, runs/bench-quick)",
+        "--out", type=Path, help="folder for the JSON, table.md and cost.png (default: a new folder "
+        "runs/bench-STAMP, or runs/bench-quick-STAMP with --quick)",
     )
+    p.add_argument("--overwrite", action="store_true", help="replace the parts' JSON files already in --out "
+                   "(e.g. --out benchmarks/results --overwrite to publish a run)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -106,12 +140,31 @@ def main(argv=None) -> dict:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda requested but torch.cuda.is_available() is False; valid here: cpu")
     if a.out is None:
-        a.out = QUICK_OUT if a.quick else DEFAULT_OUT
+        a.out = default_out(a.quick)
     if a.out.exists() and not a.out.is_dir():
         p.error(f"--out {a.out} is a file; give a folder for the results")
+    if not a.overwrite:  # checked before anything runs: no part is measured only to be refused
+        try:
+            refuse_overwrite([a.out / f"{part}.json" for part in PARTS if part in a.only],
+                             advice="or give another --out")
+            if a.out.is_dir() and not _made_by_suite(a.out):  # a table.md of something else
+                refuse_overwrite([a.out / "table.md", a.out / "cost.png"], advice="or give another --out")
+        except FileExistsError as err:
+            p.error(str(err))
     torch.set_num_threads(a.threads)
+    try:
+        with FolderLock(a.out, what="--out folder", log=lambda m: log(m, a.quiet)):
+            return _run(a, schemes, cfg)
+    except ValueError as err:  # the folder is locked by another run
+        p.error(str(err))
+    except KeyboardInterrupt:
+        print(interrupted_message(f"the parts finished are kept in {a.out}", "run the parts that are missing again "
+                                  "with --only"), file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
+
+
+def _run(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
     machine = machine_info(cfg.device)
-    a.out.mkdir(parents=True, exist_ok=True)
     written = {}
     for part in PARTS:
         if part not in a.only:

@@ -10,12 +10,17 @@ the library's parts (schemes, attention, models, experiments, course helpers), a
 files the README links to; (2) run Sphinx with ``book/conf.py`` into ``OUT/html``, a static folder
 ready for GitHub Pages (it contains ``.nojekyll``; MathJax is served from the site itself, so the
 pages render offline).
+
+Every build starts ``OUT/src`` and ``OUT/html`` from scratch, so it replaces them: only when they were
+made by an earlier build (``OUT/.posenc-book`` records that), never a folder of something else, unless
+``--overwrite``.  ``OUT`` is locked while the build writes it.
 """
 from __future__ import annotations
 
 import ast
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 DEFAULT_OUT = ROOT / "build" / "book"
+#: the file that marks a folder as a book build's output (what a rebuild may replace)
+MARKER = ".posenc-book"
+#: what a build writes in OUT (and so replaces on a rebuild)
+OUTPUTS = ("src", "html", "doctrees", "warnings.txt")
 
 #: Markdown files outside the notebooks that the README or the lessons link to: repo path -> page name.
 WIDGET = "application/vnd.jupyter.widget-view+json"
@@ -227,11 +236,22 @@ def write_lesson(src: Path, dst: Path, names: set[str], teaching: dict[str, list
     return title_line[2:].strip()
 
 
+def foreign_outputs(out: Path) -> list[Path]:
+    """What a build would replace in ``out`` that no earlier build made: ``src``, ``html``, ``doctrees`` and
+    ``warnings.txt`` of a folder without the marker (or, for a build made before the marker, without its
+    traces: ``src/lessons.json``, ``html/.nojekyll``)."""
+    out = Path(out)
+    if (out / MARKER).is_file():
+        return []
+    legacy = (out / "src" / "lessons.json").is_file() and (out / "html" / ".nojekyll").is_file()
+    return [] if legacy else [out / name for name in OUTPUTS if os.path.lexists(out / name)]
+
+
 def write_sources(out: Path) -> Path:
     """Write the Sphinx source tree under ``out/src`` and return it."""
     src = out / "src"
     if src.exists():
-        shutil.rmtree(src)
+        shutil.rmtree(src)  # build() has checked that an earlier build made it
     (src / "lessons").mkdir(parents=True)
     (src / "api").mkdir()
     names = set(modules())
@@ -299,9 +319,28 @@ def _link_repo_files(text: str, src: Path, base: Path = ROOT, prefix: str = "") 
     return re.sub(r"(!?\[[^\]\n]*\])\(([^)\s]+)\)", repl, text)
 
 
-def build(out: Path = DEFAULT_OUT, quiet: bool = True) -> Path:
-    """Write the sources and run Sphinx; returns the HTML folder (``out/html``)."""
+def build(out: Path = DEFAULT_OUT, quiet: bool = True, overwrite: bool = False) -> Path:
+    """Write the sources and run Sphinx; returns the HTML folder (``out/html``).
+
+    ``FileExistsError`` (before anything is written) if ``out`` holds a ``src``, ``html``, ``doctrees`` or
+    ``warnings.txt`` that no earlier build made, unless ``overwrite``.
+    """
+    from posenc_lib.utils import FolderLock
+
     out = Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder")
+    foreign = [] if overwrite else foreign_outputs(out)
+    if foreign:
+        raise FileExistsError(f"--out {out} holds {', '.join(p.name for p in foreign)}, not made by python -m "
+                              "book.build, which a build replaces; give a new or empty folder, or pass --overwrite")
+    with FolderLock(out, what="--out folder"):
+        (out / MARKER).write_text("made by python -m book.build: src/, html/, doctrees/ and warnings.txt are "
+                                  "replaced by the next build\n", encoding="utf-8")
+        return _build(out, quiet)
+
+
+def _build(out: Path, quiet: bool) -> Path:
     t0 = time.perf_counter()
     src = write_sources(out)
     html = out / "html"
@@ -323,10 +362,19 @@ def main(argv: list[str] | None = None) -> None:
     ap = CliParser(prog="python -m book.build", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: build/book)")
     ap.add_argument("--verbose", action="store_true", help="show Sphinx's progress")
+    ap.add_argument("--overwrite", action="store_true", help="replace OUT/src, OUT/html, OUT/doctrees and "
+                                                            "OUT/warnings.txt even if no earlier build made them")
     args = ap.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         ap.error(f"--out {args.out} is a file; give a folder")
-    build(args.out, quiet=not args.verbose)
+    try:
+        build(args.out, quiet=not args.verbose, overwrite=args.overwrite)
+    except (FileExistsError, ValueError) as err:
+        ap.error(str(err))
+    except KeyboardInterrupt:
+        print(f"interrupted: {args.out} holds a partial build; run the same command again to build it",
+              file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
   on stderr and exit status 2.
 * :func:`atomic_write_text` / :func:`atomic_torch_save` -- write to a temporary
   file and rename, so a crash never leaves a half-written result behind.
+* the write policy's other pieces (README, "Contributing"): :class:`FolderLock` (one writer per
+  folder), :func:`refuse_overwrite`, :class:`WorkerPool` (Ctrl-C stops every worker),
+  :func:`read_lines_exact` / :func:`one_line` (one item per line, whatever it holds),
+  :func:`load_weights` (weights read safely, a damaged file named).
 """
 from __future__ import annotations
 
@@ -179,7 +183,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, _default_file_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:  # exactly these characters, no \r added
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
@@ -239,3 +243,264 @@ def table_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     One lookup instead of evaluating a function of the distance at every (query, key) pair; the gradient
     sums per table row (as T5's bucket table)."""
     return torch.nn.functional.embedding(index, table.float()).permute(2, 0, 1)[None]
+
+
+# -- the write policy: nothing a user has is destroyed ----------------------------------------------
+#: the lock file a command keeps in a folder while it writes there (see :class:`FolderLock`)
+LOCK_NAME = ".posenc-lock"
+#: the exit status of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it
+INTERRUPTED = 130
+
+
+class FolderLocked(ValueError):
+    """Another living process writes the folder (see :class:`FolderLock`)."""
+
+
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks after boot, Linux's ``/proc``), None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the command name in (...) may hold spaces
+
+
+def _process_alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    except OSError:
+        return False
+    now = _process_start(pid)
+    return start is None or now is None or now == start  # a recycled PID started at another time
+
+
+def _age_s(path: Path) -> float:
+    import time as _time
+
+    try:
+        return _time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+_HELD: dict[Path, int] = {}  # lock files this process holds -> how many times (re-entrant)
+
+
+class FolderLock:
+    """``with FolderLock(folder):`` -- the one process that writes ``folder`` until the block ends.
+
+    The lock is a file ``folder/.posenc-lock`` holding the PID, the host, the start time and the
+    command line of its holder, created atomically (``O_EXCL``).  A second process is refused with
+    :class:`FolderLocked` (a ``ValueError``) naming the holder; a lock left by a process that no
+    longer runs (``kill -9``, a power cut) is taken over with a note.  The lock is removed when the
+    block ends, also on an error or Ctrl-C.  It is re-entrant within one process, so a function that
+    locks its folder may call another that locks it too.  Under ``--jobs N`` the parent holds it, under
+    torchrun rank 0 (the other ranks do not write shared files).
+    """
+
+    def __init__(self, folder: str | os.PathLike, *, what: str = "folder", log=print):
+        self.folder = Path(folder)
+        self.path = (self.folder / LOCK_NAME).absolute()
+        self.what, self.log = what, log
+
+    def _holder(self) -> dict | None:
+        try:
+            info = json.loads(self.path.read_text(encoding="utf-8"))
+            return info if isinstance(info, dict) and isinstance(info.get("pid"), int) else {}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # empty or damaged: its writer died while writing it
+
+    def acquire(self) -> "FolderLock":
+        if _HELD.get(self.path):
+            _HELD[self.path] += 1
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        import socket
+        import sys as _sys
+        import time as _time
+
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "start": _process_start(os.getpid()),
+              "since": _time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(_sys.argv)[:300]}
+        for _ in range(50):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                info = self._holder()
+                if info is None:
+                    continue  # released meanwhile: try again
+                pid = info.get("pid")
+                if pid is None and _age_s(self.path) < 5:  # just created: its holder is writing it
+                    _time.sleep(0.1)
+                    continue
+                here = info.get("host") in (None, me["host"])
+                if pid is not None and (not here or _process_alive(pid, info.get("start"))):
+                    where = "" if here else f" on host {info.get('host')}"
+                    raise FolderLocked(
+                        f"{self.folder} is being written by another process (pid {pid}{where}, since "
+                        f"{info.get('since', '?')}: {info.get('command') or '?'}); wait for it to finish or stop it, "
+                        f"or use another {self.what}; if that process is gone, delete {self.path}") from None
+                self.log(f"note: {self.path} was left by pid {pid if pid is not None else '?'}, which no longer "
+                         "runs; taking it over")
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(me) + "\n")
+            _HELD[self.path] = 1
+            return self
+        raise FolderLocked(f"could not lock {self.folder}: {self.path} keeps reappearing; is another process "
+                           "starting in the same folder?")
+
+    def release(self) -> None:
+        n = _HELD.get(self.path, 0)
+        if n > 1:
+            _HELD[self.path] = n - 1
+            return
+        _HELD.pop(self.path, None)
+        if n and (self._holder() or {}).get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def refuse_overwrite(paths: Iterable[str | os.PathLike], *, flag: str = "--overwrite", advice: str = "") -> None:
+    """Raise ``FileExistsError`` naming the first existing path of ``paths`` (and how many more) and the
+    flag that allows replacing them: a command never replaces what it did not make unless told to."""
+    existing = [Path(p) for p in paths if os.path.lexists(p)]
+    if existing:
+        more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+        raise FileExistsError(f"{existing[0]} exists{more} and would be replaced; pass {flag} to replace "
+                              f"{'it' if len(existing) == 1 else 'them'}{', ' + advice if advice else ''}")
+
+
+class _Stopped(BaseException):
+    """Raised in a pool worker by SIGTERM while it runs a call (see :class:`WorkerPool`)."""
+
+
+_IN_CALL = False  # a pool worker: is it running a call (or waiting for the next)?
+
+
+def _on_sigterm(*_) -> None:
+    if _IN_CALL:
+        raise _Stopped  # unwinds the call: its finally blocks remove temporary files
+    os._exit(143)
+
+
+def _pool_worker_init() -> None:
+    """A pool worker leaves Ctrl-C to its parent (which stops it) and cleans up when stopped (SIGTERM)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _pool_call(fn, args, kwargs):
+    """Run one call in a pool worker; a stop (SIGTERM) ends the worker once the call has unwound."""
+    global _IN_CALL
+    _IN_CALL = True
+    try:
+        return fn(*args, **kwargs)
+    except _Stopped:
+        os._exit(143)  # no traceback, no result: the parent stopped this worker
+    finally:
+        _IN_CALL = False
+
+
+class WorkerPool:
+    """``ProcessPoolExecutor`` (spawned processes) that stops at once on Ctrl-C or on an error.
+
+    ``with WorkerPool(jobs) as pool: futures = [pool.submit(fn, *args) ...]``.  Workers ignore SIGINT
+    (a terminal sends it to the whole process group): the parent gets ``KeyboardInterrupt``, and
+    leaving the block with any exception cancels the calls not started and stops the running workers
+    (SIGTERM), so none goes on writing results after the command has returned.  What finished is kept
+    (results are written atomically, one file per call).  A normal exit waits for every call.
+    """
+
+    def __init__(self, jobs: int):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
+                                        initializer=_pool_worker_init)
+
+    def submit(self, fn, *args, **kwargs):
+        return self.pool.submit(_pool_call, fn, args, kwargs)
+
+    def stop(self) -> None:
+        """Cancel what has not started and end the running workers now."""
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.pool.shutdown(wait=True)
+        else:
+            self.stop()
+
+
+def read_lines_exact(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 file written one item per line, split at ``\\n`` only (a ``\\r\\n`` end counts as one).
+
+    ``Path.read_text`` turns a carriage return inside a line into a line break (universal
+    newlines), which shifts every later line against a file read the other way.
+    """
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]  # a file given Windows line ends
+
+
+#: characters some readers take for a line break (``str.splitlines``, universal newlines)
+LINE_BREAKS = "\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_LINE_BREAK_TABLE = {ord(c): " " for c in LINE_BREAKS}
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that some reader takes for a line break replaced by a space."""
+    return text.translate(_LINE_BREAK_TABLE)
+
+
+def load_weights(path: str | os.PathLike, *, advice: str = "delete it: the next run trains that model again"):
+    """A ``state_dict`` saved with ``torch.save``, read safely (``weights_only=True``) onto the CPU.
+
+    A missing file raises ``FileNotFoundError``, a damaged or foreign one ``ValueError`` naming it and
+    ``advice``; neither suggests ``weights_only=False`` (which would run whatever code the file holds).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 (truncated, not a torch file, or holding more than tensors)
+        text = str(err).strip()
+        if "weights only" in text.lower() or "weights_only" in text:  # torch's advice is not passed on
+            why = f"{type(err).__name__}: it holds objects other than tensors, which are not loaded"
+        else:
+            why = f"{type(err).__name__}: {(text.splitlines() or [''])[0].split('. ')[0][:120]}"
+        raise ValueError(f"weights file {path} is damaged or not a weights file ({why}); {advice}") from None
+
+
+def interrupted_message(what_kept: str, how_to_continue: str) -> str:
+    """The one line a command prints when Ctrl-C stops it."""
+    return f"interrupted: {what_kept}; {how_to_continue}"

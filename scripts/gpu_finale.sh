@@ -7,12 +7,17 @@
 #   bash scripts/gpu_finale.sh follow [SECONDS]    # print the log as it grows until done or SECONDS pass (540)
 #   bash scripts/gpu_finale.sh pack DEST           # run folder (no checkpoints), log, benchmarks: DEST/wmt14-gpu.tar.gz
 #
+# One pipeline per run folder: `start` while one runs is refused (RUN_DIR.pid holds its process id; a file
+# left by a pipeline that no longer runs is taken over). A second start appends to RUN_DIR.log, so the log
+# of an earlier start is kept; `pack` never replaces an existing DEST/wmt14-gpu.tar.gz.
+#
 # BUDGET_MIN (default 14) is the wall time the run itself may take, after the tests and the calibration.
 # The training data: SOURCE=hub (default) streams PAIRS (600000) pairs of the hub's wmt14 fr-en training split
 # (needs internet); SOURCE=files uses the 280k pairs shipped in data/ (offline); DATA=FOLDER uses a folder made
 # by `python -m posenc_lib.experiments.wmt14 make-data` (offline). Other settings from the environment: PYTHON
 # (python3), RUN_DIR (runs/wmt14-gpu), PROFILE (gpu), PES (none,sinusoidal,shaw,rope), SEEDS (0,1), JOBS (auto),
-# EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0).
+# EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0),
+# FOLLOW (seconds `start` follows the log, 540).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,6 +33,7 @@ EXTRA=${EXTRA:-}
 BENCH=${BENCH:-0}
 LOG=$RUN.log
 DONE=$RUN.done
+PIDF=$RUN.pid
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 if [ -n "$DATA" ]; then
   DATA_ARGS=(--data-dir "$DATA")
@@ -74,8 +80,29 @@ stages() {
   stamp "finished"
 }
 
+# take the pipeline lock ($PIDF, created atomically); refuse while the pipeline that holds it runs
+lock() {
+  local pid
+  mkdir -p "$(dirname "$RUN")"
+  for _ in 1 2 3; do
+    if (set -o noclobber; echo "$$" > "$PIDF") 2>/dev/null; then return 0; fi
+    pid=$(cat "$PIDF" 2>/dev/null || true)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "error: a pipeline already runs for $RUN (pid $pid, log $LOG); follow it with: bash $0 follow" \
+        "(or stop it: kill -- -$pid)" >&2
+      return 1
+    fi
+    if [ -z "$pid" ]; then sleep 1; pid=$(cat "$PIDF" 2>/dev/null || true); fi  # being written right now
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    echo "note: $PIDF was left by pid ${pid:-?}, which no longer runs; taking it over" >&2
+    rm -f "$PIDF"
+  done
+  echo "error: could not take $PIDF" >&2
+  return 1
+}
+
 follow() {
-  local limit=${1:-540} shown=0 n t0=$SECONDS
+  local limit=${1:-540} shown=${2:-0} n t0=$SECONDS
   while :; do
     if [ -f "$LOG" ]; then
       n=$(wc -l < "$LOG")
@@ -90,10 +117,17 @@ follow() {
 case "${1:-}" in
   start)
     budget=${2:-14}
-    rm -f "$DONE"
-    mkdir -p "$(dirname "$RUN")"
-    setsid nohup bash -c "set -o pipefail; bash '$0' _stages '$budget'; echo \$? > '$DONE'" > "$LOG" 2>&1 < /dev/null &
-    follow 540
+    lock || exit 1
+    rm -f "$DONE"  # the status file of the last pipeline, which has ended (the lock says so)
+    shown=0
+    if [ -s "$LOG" ]; then  # an earlier start's log is kept: this one appends below it
+      echo "== $(date -u +%Y-%m-%dT%H:%M:%S) another start (the log above is an earlier one's)" >> "$LOG"
+      shown=$(wc -l < "$LOG")
+    fi
+    # the pipeline takes the lock over (its own pid in $PIDF) and removes it when it ends
+    setsid nohup bash -c "echo \$\$ > '$PIDF'; trap 'rm -f \"$PIDF\"' EXIT; set -o pipefail; bash '$0' _stages '$budget'; echo \$? > '$DONE'" >> "$LOG" 2>&1 < /dev/null &
+    echo "$!" > "$PIDF"  # the pipeline's pid (it writes the same itself), so the lock outlives this shell
+    follow "${FOLLOW:-540}" "$shown"
     ;;
   _stages) stages "${2:?budget}" ;;
   follow) follow "${2:-540}" ;;
@@ -102,7 +136,11 @@ case "${1:-}" in
     mkdir -p "$dest"
     parts=("$RUN")
     for extra in "$LOG" "$DONE" "$RUN-bench"; do [ -e "$extra" ] && parts+=("$extra"); done
-    tar -czf "$dest/wmt14-gpu.tar.gz.tmp" --exclude='*.pt' --exclude='*.pt.tmp*' "${parts[@]}"
+    if [ -e "$dest/wmt14-gpu.tar.gz" ]; then
+      echo "error: $dest/wmt14-gpu.tar.gz exists; pack into another DEST or move it away first" >&2
+      exit 1
+    fi
+    tar -czf "$dest/wmt14-gpu.tar.gz.tmp" --exclude='*.pt' --exclude='*.pt.tmp*' --exclude='.posenc-lock' "${parts[@]}"
     mv "$dest/wmt14-gpu.tar.gz.tmp" "$dest/wmt14-gpu.tar.gz"
     ls -l "$dest/wmt14-gpu.tar.gz"
     ;;

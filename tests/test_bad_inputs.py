@@ -666,3 +666,128 @@ def test_wmt14_damaged_caches_are_named(tmp_path):
     (out / "tokenizer.json").write_text('{"version": "1.0", "trunc')
     code, lines = run_cli(main, argv)
     assert code == 2 and len(lines) == 1 and "tokenizer.json is unreadable" in lines[0] and "delete it" in lines[0], lines
+
+
+# -- the command lines' file-system behaviour: nothing a user has is destroyed ----------------------
+#: what a hurried user might already have in the folder a command is pointed at
+USER_FILES = ("notes.txt", "src/mine.md", "html/index.html", "doctrees/x", "warnings.txt", "train.json", "table.md",
+              "cost.png", "config.json", "train.fr", "MANIFEST.json", "none_seed0.json", "nope_seed0.json",
+              "decode_profile.json", "none-seed0/result.json")
+FOLDER_STATES = st.one_of(
+    st.sampled_from([("absent", ()), ("file", ()), ("empty", ()), ("stale_lock", ()), ("live_lock", ())]),
+    st.tuples(st.just("holds"), st.lists(st.sampled_from(USER_FILES), min_size=1, max_size=3, unique=True)),
+)
+
+
+def _make_state(out, state, files):
+    """Put ``out`` in a drawn state; returns the lock file's content if a live process holds it."""
+    import json as _json
+
+    from posenc_lib.utils import LOCK_NAME, _process_start
+
+    if state == "file":
+        out.write_text("a file where a folder belongs\n")
+    elif state != "absent":
+        out.mkdir()
+    for name in files:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(f"the user's own {name}\n")
+    if state in ("stale_lock", "live_lock"):
+        pid = os.getppid() if state == "live_lock" else 2**22 + 12345  # no such process (above Linux's pid_max)
+        text = _json.dumps({"pid": pid, "start": _process_start(pid) if state == "live_lock" else None,
+                            "since": "earlier", "command": "another command"})
+        (out / LOCK_NAME).write_text(text)
+        return text if state == "live_lock" else None
+    return None
+
+
+def _snapshot(root):
+    from posenc_lib.utils import LOCK_NAME
+
+    if not root.exists():
+        return {}
+    if root.is_file():
+        return {".": root.read_bytes()}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+            and p.name != LOCK_NAME}
+
+
+_CORPUS: list = []
+
+
+def _file_system_clis(tmp, monkeypatch):
+    """Each command line that writes a folder, with its expensive work stubbed out: ``(main, argv before --out)``."""
+    import benchmarks.run as br
+    import book.build as bb
+    from posenc_lib.experiments import extrapolation as ex
+    from posenc_lib.experiments import long_context as lc
+    from posenc_lib.experiments.wmt14 import main as wmt14_main
+    from posenc_lib.experiments.wmt14.data import read_parallel
+    from posenc_lib.utils import atomic_write_json
+
+    src = tmp / "corpus"
+    if not src.exists():
+        src.mkdir()
+        if not _CORPUS:  # reading the shipped training file takes seconds: once per session
+            _CORPUS.extend(read_parallel(bb.ROOT / "data" / "wmt14-fr-en", "heldout", 12))
+        for lang, lines in zip(("fr", "en"), _CORPUS):
+            (src / f"train.{lang}").write_text("\n".join(lines) + "\n")
+
+    def finish(pe, cfg, seed, out, progress):  # what a finished model writes, without the training
+        from dataclasses import asdict
+        import json as _json
+
+        atomic_write_json(ex.result_path(out, pe, seed), {"config": _json.loads(_json.dumps(asdict(cfg)))})
+        return "done"
+
+    monkeypatch.setattr(ex, "_finish", finish)
+    monkeypatch.setattr(lc, "pretrain", lambda name, seed, cfg, out, ckpt: "done")
+    monkeypatch.setattr(br, "bench_train", lambda schemes, cfg, quiet: {"lengths": {}})
+    monkeypatch.setattr(br, "write_report", lambda out: (out / "table.md").write_text("report\n"))
+    monkeypatch.setattr(bb.subprocess, "run", lambda cmd, **kw: Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True))
+    monkeypatch.setattr(bb, "write_sources", lambda out: (out / "src").mkdir(exist_ok=True) or out / "src")
+    return {
+        "wmt14": (wmt14_main, ["--profile", "smoke", "--pe", "none", "--data-dir", str(tmp / "nowhere")]),
+        "make-data": (wmt14_main, ["make-data", "--src", str(src), "--pairs", "5"]),
+        "extrapolation": (ex.main, ["--pe", "none", "--seeds", "0", "--no-progress"]),
+        "long_context": (lc.main, ["--models", "nope", "--seeds", "0", "--no-finetune", "--ckpt", str(tmp / "ck")]),
+        "benchmarks": (br.main, ["--only", "train", "--schemes", "none", "--threads", "1", "--quiet"]),
+        "book": (bb.main, []),
+    }
+
+
+from pathlib import Path  # noqa: E402 (used by the stubs above)
+
+FS_CLIS = ("wmt14", "make-data", "extrapolation", "long_context", "benchmarks", "book")
+
+
+@settings(max_examples=_N or 12, deadline=None, derandomize=not _N,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(folder=FOLDER_STATES)
+@pytest.mark.parametrize("cli", FS_CLIS)
+def test_command_lines_never_destroy_what_the_folder_holds(cli, folder, tmp_path_factory, monkeypatch):
+    """Any command that writes a folder, pointed at a folder in a drawn state (missing, a file, empty, holding
+    the user's files, locked by a living process or by a dead one): it works or stops with one line, every file
+    that was there is byte for byte what it was, and it leaves no lock behind (a living holder's stays)."""
+    from posenc_lib.utils import LOCK_NAME
+
+    tmp = tmp_path_factory.mktemp("fs")
+    monkeypatch.chdir(tmp)
+    main, argv = _file_system_clis(tmp, monkeypatch)[cli]
+    out = tmp / "out"
+    live = _make_state(out, *folder)
+    before = _snapshot(out)
+    code, lines = run_cli(main, [*argv, "--out", str(out)])
+    lines = [line for line in lines if not line.startswith("note:")]  # a dead holder's lock taken over
+    code = 0 if isinstance(code, dict) else code  # benchmarks.run's main returns what it wrote
+    assert code in (0, None, 2), (cli, folder, code, lines)
+    if code == 2:
+        assert len(lines) == 1 and "Traceback" not in lines[0], (cli, folder, lines)
+    after = _snapshot(out)
+    assert {k: v for k, v in after.items() if k in before} == before, (cli, folder, lines)
+    lock = out / LOCK_NAME
+    assert (lock.read_text() == live) if live else not lock.exists(), (cli, folder)
+    if folder[0] == "live_lock":
+        assert code == 2 and "being written by another process" in lines[0], (cli, lines)
+    if folder[0] == "file":
+        assert code == 2, (cli, lines)

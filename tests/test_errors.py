@@ -259,6 +259,85 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
         return train.load_checkpoint(tmp_path / "checkpoint.pt")
 
+    wd = tmp_path / "wd"  # a tiny data folder (held-out pairs borrowed from the shipped ones)
+    wd.mkdir()
+    for split, n in (("train", 60), ("newstest2013", 12), ("newstest2014", 12)):
+        (wd / f"{split}.fr").write_text("".join(f"la phrase {split} numéro {i}\n" for i in range(n)))
+        (wd / f"{split}.en").write_text("".join(f"the sentence {split} number {i}\n" for i in range(n)))
+    prof = train.get_profile("smoke", {"vocab_size": "100"})
+
+    def locked():
+        import os as _os
+
+        from posenc_lib.utils import FolderLock, _process_start
+
+        holder = _os.getppid()  # a living process other than this one
+        (tmp_path / "lk").mkdir()
+        (tmp_path / "lk" / ".posenc-lock").write_text(json.dumps({"pid": holder, "start": _process_start(holder)}))
+        return FolderLock(tmp_path / "lk").acquire()
+
+    def checkpoint_without_resume():
+        ck = tmp_path / "cr-ckpt" / "none-seed0" / "checkpoint.pt"
+        ck.parent.mkdir(parents=True)
+        ck.write_bytes(b"an earlier sitting's checkpoint")
+        return wmt14.run(prof, ["none"], [0], tmp_path / "cr", data_dir=tmp_path / "nowhere", log=lambda m: None)
+
+    def other_data():
+        return wmt14.prepare_data(prof, tmp_path / "od", data_dir=wd, source="files", log=lambda m: None,
+                                  expect={"sha256": "0" * 64, "where": "local files in /elsewhere"})
+
+    def other_eval_limit():
+        (tmp_path / "ev" / "none-seed0").mkdir(parents=True)
+        (tmp_path / "ev" / "none-seed0" / "result.json").write_text("{}")
+        (tmp_path / "ev" / "config.json").write_text(json.dumps({"profile": {**asdict(prof), "eval_limit": 20}}))
+        return wmt14._check_config(tmp_path / "ev", {"profile": asdict(prof)})
+
+    def would_replace():
+        from posenc_lib.utils import refuse_overwrite
+
+        (tmp_path / "train.json").write_text("{}")
+        return refuse_overwrite([tmp_path / "train.json"])
+
+    def already_holds():
+        (tmp_path / "md").mkdir()
+        (tmp_path / "md" / "notes.txt").write_text("mine")
+        return wmt14.make_data(wd, tmp_path / "md", pairs=5, log=lambda m: None)
+
+    def interrupted():
+        import contextlib
+        import io
+
+        import posenc_lib.experiments.wmt14.pipeline as pipeline
+        from posenc_lib.experiments.wmt14 import main
+
+        monkeypatch.setattr(pipeline, "_job", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = main(["--profile", "smoke", "--pe", "none", "--data-dir", str(wd), "--set", "vocab_size=100",
+                         "--out", str(tmp_path / "ki"), "--no-progress"])
+        raise RuntimeError(f"exit {code}: {err.getvalue().strip()}")
+
+    def damaged_weights():
+        from posenc_lib.utils import load_weights
+
+        (tmp_path / "w.pt").write_bytes(b"cut off")
+        return load_weights(tmp_path / "w.pt")
+
+    def damaged_metrics():
+        (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 2}\n{"step": 4,,\n{"step": 6}\n')
+        return train._read_metrics(tmp_path / "metrics.jsonl", 6)
+
+    def bad_vocab():
+        from posenc_lib.experiments.wmt14.tokenizer import load_mbert
+
+        (tmp_path / "vocab.txt").write_text("a\nb\n")
+        return load_mbert(tmp_path / "vocab.txt")
+
+    def missing_results():
+        from posenc_lib.course.notebook import results_file
+
+        return results_file(tmp_path / "results" / "long_context_extra" / "t5_seed0.json")
+
     small = dict(d_model=16, n_heads=2, num_layers=1)
     ones = torch.ones(1, 3, dtype=torch.long)
     triggers = [
@@ -276,6 +355,17 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         [hub_down],
         [damaged_checkpoint],
         [other_settings, other_configuration],
+        [locked],
+        [checkpoint_without_resume],
+        [other_data],
+        [other_eval_limit],
+        [would_replace, already_holds],
+        [interrupted],
+        [damaged_weights],
+        [damaged_metrics],
+        [lambda: wmt14.check_device("tpu")],
+        [bad_vocab],
+        [missing_results],
     ]
     assert len(rows) == len(triggers), "a Troubleshooting row needs a trigger here (or one was removed)"
     for row, calls in zip(rows, triggers):

@@ -435,7 +435,9 @@ def test_make_data_never_includes_test_or_heldout_pairs(tmp_path, capsys):
     (src / "extra").mkdir()  # newsdev pairs: added with --extra, except one that shares a side with newstest2014
     (src / "extra" / "newsdev2008-2012.fr").write_text(f"Une nouvelle.\nDeux nouvelles.\n{n_fr[1]}\n")
     (src / "extra" / "newsdev2008-2012.en").write_text("One piece of news.\nTwo pieces of news.\nz\n")
-    man = make_data(src, tmp_path / "out", pairs=50, extra=True, log=quiet)
+    with pytest.raises(FileExistsError, match=r"already holds .*--overwrite"):  # a folder holding files is kept
+        make_data(src, tmp_path / "out", pairs=50, extra=True, log=quiet)
+    man = make_data(src, tmp_path / "out", pairs=50, extra=True, overwrite=True, log=quiet)
     assert man["train_pairs"] == 52 and man["newsdev_pairs"] == 2
     assert read_parallel(tmp_path / "out", "train")[1][-2:] == ["One piece of news.", "Two pieces of news."]
     assert main(["make-data", "--src", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2

@@ -9,12 +9,17 @@ which seeds everything (:func:`posenc_lib.set_seed`), pins torch to the cores a
 laptop has, silences progress bars and warnings that would otherwise land in
 the notebook's stderr, and sets one plotting style (perceptually uniform
 colour maps, readable sizes).
+
+A lesson that shows committed results reads them through :func:`results_file` (or
+:func:`results_files`): a file that is not there yet is one line naming it and the command that
+makes it, not a ``FileNotFoundError`` from deep inside ``json``.
 """
 from __future__ import annotations
 
 import numbers
 import os
 import warnings
+from pathlib import Path
 
 from ..utils import available_cores
 
@@ -89,3 +94,65 @@ def heatmap(ax, matrix, *, title: str, xlabel: str, ylabel: str, cmap: str = "vi
     if colorbar is not None:
         ax.figure.colorbar(im, ax=ax, label=colorbar)
     return im
+
+
+#: the command that makes each committed results folder (repository-relative), for :func:`results_file`
+RESULT_COMMANDS = {
+    "results/extrapolation": "python -m posenc_lib.experiments.extrapolation --profile pilot --pe all --seeds 0,1,2 "
+                             "--out results/extrapolation --jobs 2",
+    "results/extrapolation_course/encdec": "python -m posenc_lib.experiments.extrapolation --profile course --arch "
+                                           "encdec --pe all --seeds 0,1,2 --out results/extrapolation_course/encdec "
+                                           "--jobs 2",
+    "results/extrapolation_course/decoder": "python -m posenc_lib.experiments.extrapolation --profile course --arch "
+                                            "decoder --pe all --seeds 0,1,2 --out "
+                                            "results/extrapolation_course/decoder --jobs 2",
+    "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
+                            "results/long_context --jobs 2 --resume",
+    "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra",
+    "results/wmt14-cpu": "python -m posenc_lib.experiments.wmt14 --profile cpu --pe none,sinusoidal,shaw,rope "
+                         "--seeds 0,1 --out results/wmt14-cpu --resume",
+    "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
+}
+
+
+def _command_for(path: Path) -> str | None:
+    """The command of :data:`RESULT_COMMANDS` whose folder holds ``path`` (the longest match), if any."""
+    parts = Path(os.path.normpath(os.path.abspath(path))).parts
+    best = None
+    for folder, command in RESULT_COMMANDS.items():
+        key = Path(folder).parts
+        for i in range(len(parts) - len(key) + 1):
+            if parts[i : i + len(key)] == key and (best is None or len(key) > len(best[0])):
+                best = (key, command)
+    return best[1] if best else None
+
+
+def results_file(path, command: str | None = None) -> Path:
+    """``path`` (a ``Path``) if that results file exists; else ``FileNotFoundError`` in one line naming the
+    file and the command that makes it (``command``, or the one :data:`RESULT_COMMANDS` gives for its folder).
+
+    For lesson cells that read committed results, e.g.
+    ``json.loads(results_file(root / "results/long_context_extra/t5_seed0.json").read_text())``.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    command = command or _command_for(path)
+    how = (f"make it with `{command}` (from the repository root; see the README's \"Experiments\")"
+           if command else "it is made by the experiment that writes this folder (see the README)")
+    what = "is a folder, not a results file" if path.is_dir() else "does not exist yet"
+    raise FileNotFoundError(f"{path} {what}: {how}, or restore the committed results (git checkout -- {path})")
+
+
+def results_files(folder, pattern: str, command: str | None = None) -> list[Path]:
+    """The files of ``folder`` matching ``pattern`` (sorted); none is ``FileNotFoundError`` naming the folder,
+    the pattern and the command that makes them (as :func:`results_file`)."""
+    folder = Path(folder)
+    found = sorted(folder.glob(pattern)) if folder.is_dir() else []
+    if found:
+        return found
+    command = command or _command_for(folder / pattern)
+    how = (f"make them with `{command}` (from the repository root)" if command
+           else "they are made by the experiment that writes this folder (see the README)")
+    raise FileNotFoundError(f"no {pattern} in {folder} yet: {how}, or restore the committed results "
+                            f"(git checkout -- {folder})")

@@ -54,7 +54,7 @@ model finishes; a rerun skips finished files, so a long run can resume.
 
 Command line::
 
-    python -m posenc_lib.experiments.extrapolation --profile smoke
+    python -m posenc_lib.experiments.extrapolation --profile smoke      # -> runs/extrapolation-smoke
     python -m posenc_lib.experiments.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
@@ -78,8 +78,8 @@ from ..models.causal_lm import CausalLM
 from ..models.seq2seq import Seq2SeqTransformer, build_model
 from ..schemes.registry import PE_TYPES, canonical_pe
 from ..utils import (
-    CliParser, atomic_write_json, check_choice, check_divides, check_float_range, check_int_range,
-    check_positive_int, read_json, set_seed,
+    INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_choice, check_divides, check_float_range,
+    check_int_range, check_positive_int, interrupted_message, read_json, set_seed,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -659,8 +659,8 @@ def pending(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
                 rec = read_json(path)
                 if rec.get("config") != want:
                     raise ValueError(
-                        f"{path} was made with a different configuration (profile {rec.get('profile')!r}); "
-                        f"delete it or pass another --out"
+                        f"{path} was made with a different configuration (profile {rec.get('profile')!r}, now "
+                        f"{cfg.name!r}); pass another --out folder, or the settings it was made with"
                     )
                 continue
             todo.append((pe, seed))
@@ -673,28 +673,33 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
 
     ``jobs > 1`` trains that many models at once in worker processes (each with
     ``cfg.threads`` torch threads: tiny models use one core per process better than
-    two threads in one process); each worker writes its own file as it finishes.
+    two threads in one process); each worker writes its own file as it finishes.  Ctrl-C stops every
+    worker at once; the finished files are kept and a rerun skips them.
     """
     jobs = check_positive_int("jobs", jobs)
-    seeds = [int(s) for s in seeds]
-    todo = pending(cfg, pes, seeds, out)
-    done = len(pes) * len(seeds) - len(todo)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))  # a scheme or seed named twice is trained once
+    pes = list(dict.fromkeys(run_name(p) for p in pes))
+    with FolderLock(out, what="--out folder", log=log):  # one writer per folder
+        todo = pending(cfg, pes, seeds, out)
+        _run_todo(todo, cfg, out, progress=progress, jobs=jobs, log=log, done=len(pes) * len(seeds) - len(todo))
+    return [result_path(out, pe, s) for pe in pes for s in seeds]
+
+
+def _run_todo(todo, cfg, out, *, progress, jobs, log, done) -> None:
     if done:
         log(f"skipping {done} finished model(s) in {out}")
     if jobs == 1:
         for pe, seed in todo:
             log(_finish(pe, cfg, seed, out, progress))
     else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
         from tqdm.auto import tqdm
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once; finished files are kept
             futures = [pool.submit(_finish, pe, cfg, seed, out, False) for pe, seed in todo]
             for f in tqdm(as_completed(futures), total=len(futures), desc="models", disable=not progress):
                 log(f.result())
-    return [result_path(out, pe, s) for pe in (run_name(p) for p in pes) for s in seeds]
 
 
 def load_results(out: str | Path) -> list[dict[str, Any]]:
@@ -830,7 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     p.add_argument("--pe", default="all", help="'all' or comma-separated names from " + ", ".join(RUN_ORDER))
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
-    p.add_argument("--out", default="results/extrapolation")
+    p.add_argument("--out", default=None, help="folder for the result files (default runs/extrapolation-PROFILE; "
+                                               "the committed results are never the default)")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes); default 1")
     p.add_argument("--arch", choices=ARCHS, default="encdec", help="encoder-decoder (default) or decoder-only LM")
     p.add_argument("--task", choices=TASKS, default=None, help="override the profile's task")
@@ -861,11 +867,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(err))
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        p.error(f"--out {a.out} is a file; give a folder for the result files")
+    out = a.out or f"runs/extrapolation-{a.profile}"
+    if Path(out).exists() and not Path(out).is_dir():
+        p.error(f"--out {out} is a file; give a folder for the result files")
     t0 = time.perf_counter()
-    run_all(cfg, pes, seeds, a.out, progress=not a.no_progress, jobs=a.jobs)
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")
+    try:
+        run_all(cfg, pes, seeds, out, progress=not a.no_progress, jobs=a.jobs)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished models are kept in {out}", "run the same command again to train the "
+                                  "others (finished models are skipped)"), file=sys.stderr)
+        return INTERRUPTED
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
     return 0
 
 

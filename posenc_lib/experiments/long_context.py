@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, read_json, set_seed
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
+                     check_positive_int, interrupted_message, load_weights, read_json, set_seed)
 from .wmt14.data import SHIPPED_DIR, find_file, read_lines
 
 SCHEMA = "posenc.longctx/1"
@@ -318,7 +319,14 @@ def finetune(name: str, method: str, seed: int, cfg: LongContextConfig, out, ckp
     vocab, train_ids, eval_ids = data(cfg)
     set_seed(seed)
     model = make_model(name, cfg, len(vocab), method)
-    model.load_state_dict(torch.load(ckpt_path(ckpt, cfg, name, seed), map_location="cpu"))
+    path = ckpt_path(ckpt, cfg, name, seed)
+    advice = (f"delete it: the next run of this command trains {name} seed {seed} again (its result file is kept "
+              "until then)")
+    try:
+        model.load_state_dict(load_weights(path, advice=advice))
+    except RuntimeError as err:  # the weights of another model (another configuration, an edited file)
+        raise ValueError(f"weights file {path} belongs to another model ({str(err).splitlines()[0][:120]}); "
+                         f"{advice}") from None
     t0 = time.perf_counter()
     losses = train_steps(model, train_ids, length=cfg.long_len, batch=cfg.finetune_batch, steps=cfg.finetune_steps,
                          lr=cfg.finetune_lr, warmup=max(1, cfg.finetune_steps // 10), grad_clip=cfg.grad_clip,
@@ -339,17 +347,28 @@ def _done(path: Path, cfg: LongContextConfig) -> bool:
         return False
     rec = read_json(path)
     if rec.get("config") != json.loads(json.dumps(asdict(cfg))):
-        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}); "
-                         f"delete it or pass another --out")  # fmt: skip
+        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}, now "
+                         f"{cfg.name!r}); pass another --out folder, or the settings it was made with")  # fmt: skip
     return True
 
 
 def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: Sequence[str] | None = None,
             finetunes: Sequence[tuple[str, str]] | None = None, jobs: int = 1, log=print) -> None:  # fmt: skip
-    """Pre-train every model not yet done, then every fine-tune; ``jobs`` worker processes."""
+    """Pre-train every model not yet done, then every fine-tune; ``jobs`` worker processes.
+
+    ``out`` and ``ckpt`` are locked while this runs; Ctrl-C stops every worker at once, and what
+    finished is kept (a rerun skips it).  A model whose weights are gone is trained again before its
+    fine-tunes; its finished result file stays until the new one replaces it.
+    """
     jobs = check_positive_int("jobs", jobs)
-    names = list(models(cfg)) if names is None else list(names)
-    finetunes = [f for f in FINETUNES if f[0] in names] if finetunes is None else list(finetunes)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))  # a model or seed named twice is trained once
+    names = list(dict.fromkeys(models(cfg) if names is None else names))
+    finetunes = [f for f in FINETUNES if f[0] in names] if finetunes is None else list(dict.fromkeys(finetunes))
+    with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
+        _run_locked(cfg, seeds, out, ckpt, names=names, finetunes=finetunes, jobs=jobs, log=log)
+
+
+def _run_locked(cfg: LongContextConfig, seeds, out, ckpt, *, names, finetunes, jobs, log) -> None:
     phase1 = [(pretrain, (n, s, cfg, out, ckpt)) for n in names for s in seeds if not _done(result_path(out, n, s), cfg)]
     phase2 = [(finetune, (n, m, s, cfg, out, ckpt)) for n, m in finetunes for s in seeds
               if not _done(result_path(out, n, s, m), cfg)]  # fmt: skip
@@ -358,8 +377,9 @@ def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: S
             if _done(result_path(out, n, s), cfg) and not ckpt_path(ckpt, cfg, n, s).exists() and any(
                     a[:3] == (n, _m, s) for _, a in phase2):  # fmt: skip
                 log(f"weights of {n} seed {s} missing in {ckpt}: training it again")
-                result_path(out, n, s).unlink()
-                phase1.append((pretrain, (n, s, cfg, out, ckpt)))
+                # its result file stays until the new one replaces it (an interrupt keeps it)
+                if (pretrain, (n, s, cfg, out, ckpt)) not in phase1:
+                    phase1.append((pretrain, (n, s, cfg, out, ckpt)))
     skipped = len(names) * len(seeds) + len(finetunes) * len(seeds) - len(phase1) - len(phase2)
     if skipped:
         log(f"skipping {skipped} finished result(s) in {out}")
@@ -368,10 +388,9 @@ def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: S
             for fn, args in phase:
                 log(fn(*args))
         elif phase:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
 
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+            with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
                 for f in as_completed([pool.submit(fn, *args) for fn, args in phase]):
                     log(f.result())
 
@@ -416,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(models(COURSE)))
     p.add_argument("--no-finetune", action="store_true", help="pre-train and evaluate zero-shot only")
-    p.add_argument("--out", default="results/long_context")
+    p.add_argument("--out", default=None, help="folder for the result files (default runs/longctx-PROFILE; the "
+                                               "committed results are never the default)")
     p.add_argument("--ckpt", default="runs/longctx", help="where pre-trained weights are kept for the fine-tunes")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
     p.add_argument("--resume", action="store_true",
@@ -436,12 +456,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
-    for flag, folder in (("--out", a.out), ("--ckpt", a.ckpt)):
+    out = a.out or f"runs/longctx-{a.profile}"
+    for flag, folder in (("--out", out), ("--ckpt", a.ckpt)):
         if Path(folder).exists() and not Path(folder).is_dir():
             p.error(f"{flag} {folder} is a file; give a folder")
     t0 = time.perf_counter()
-    run_all(cfg, seeds, a.out, a.ckpt, names=names, finetunes=[] if a.no_finetune else None, jobs=a.jobs)
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")
+    try:
+        run_all(cfg, seeds, out, a.ckpt, names=names, finetunes=[] if a.no_finetune else None, jobs=a.jobs)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command (with --resume) to "
+                                  "train the others (finished ones are skipped)"), file=sys.stderr)
+        return INTERRUPTED
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
     return 0
 
 

@@ -15,13 +15,14 @@ one thread per model; one JSON per model (temporary file + rename); finished fil
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, atomic_write_json, set_seed
+from ..utils import INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message, set_seed
 from ..models.causal_lm import CausalLM
 from . import long_context as longctx
 
@@ -31,9 +32,10 @@ NAMES = ("sinusoidal", "t5", "t5-ablation")
 
 def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
         out: str | Path = "results/long_context_extra") -> Path:
-    """Train and evaluate one model; ``out/PE_seedSEED.json`` (skipped if it exists)."""
+    """Train and evaluate one model; ``out/PE_seedSEED.json`` (skipped if it exists with this configuration;
+    a file made with another one is refused, not taken for this one)."""
     path = Path(out) / f"{pe}_seed{seed}.json"
-    if path.exists():
+    if longctx._done(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = longctx.data(cfg)
@@ -113,11 +115,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown model(s) {bad}; valid choices: {', '.join(NAMES)}")
     if Path(a.out).exists() and not Path(a.out).is_dir():
         p.error(f"--out {a.out} is a file; give a folder")
-    for name in a.names:
-        if name == "t5-ablation":
-            t5_ablation(out=a.out)
-        else:
-            run(name, out=a.out)
+    try:
+        with FolderLock(a.out, what="--out folder"):
+            for name in dict.fromkeys(a.names):
+                if name == "t5-ablation":
+                    t5_ablation(out=a.out)
+                else:
+                    run(name, out=a.out)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished models are kept in {a.out}", "run the same command again to train the "
+                                  "others (finished ones are skipped)"), file=sys.stderr)
+        return INTERRUPTED
     return 0
 
 

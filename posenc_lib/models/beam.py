@@ -52,7 +52,7 @@ def beam_search(
     *,
     max_new_tokens: int,
     bos_id: int,
-    eos_id: int,
+    eos_id: int | None,
     beam: int = 4,
     alpha: float = 0.6,
     src_key_padding_mask: torch.Tensor | None = None,
@@ -62,6 +62,8 @@ def beam_search(
 
     Each row starts with ``bos_id``, ends with ``eos_id`` if the hypothesis finished, and is
     right-padded with ``pad_id`` (default: the model's); all three are token ids in ``[0, vocab_size)``.
+    As in :func:`~posenc_lib.models.decoding.greedy_decode`, ``eos_id=None`` means no token ends a
+    hypothesis (exactly ``max_new_tokens`` are decoded), and an empty batch ``(0, S)`` gives ``(0, 1)``.
     """
     check_token_tensor("src", src)
     k = check_positive_int("beam", beam)
@@ -69,8 +71,11 @@ def beam_search(
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
         raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
     bos_id = decoding.check_token_id("bos_id", bos_id, model.vocab_size)  # the same checks and words as greedy
-    eos_id = decoding.check_token_id("eos_id", eos_id, model.vocab_size)
+    if eos_id is not None:  # None: no end token, every hypothesis runs max_new_tokens (as greedy_decode)
+        eos_id = decoding.check_token_id("eos_id", eos_id, model.vocab_size)
     pad_id = model.pad_id if pad_id is None else decoding.check_token_id("pad_id", pad_id, model.vocab_size)
+    if src.shape[0] == 0:  # nothing to decode (greedy_decode returns as quickly)
+        return torch.full((0, 1), bos_id, dtype=torch.long, device=src.device)
     was_training = model.training
     model.eval()
     try:
@@ -101,17 +106,19 @@ def beam_search(
             cand = (live.reshape(-1, 1) + logp).reshape(b, k * v)
             # 1. end-of-sentence candidates among the k best finish, normalised by lp(n)
             top_score, top_idx = cand.topk(k, dim=-1)
-            ends = (top_idx % v == eos_id) & torch.isfinite(top_score)
+            ends = (top_idx % v == (-1 if eos_id is None else eos_id)) & torch.isfinite(top_score)
             fin = torch.where(ends, top_score / length_penalty(float(n), alpha), float("-inf"))
             fin_best, fin_at = fin.max(-1)
             parent = rows * k + top_idx.gather(-1, fin_at[:, None])[:, 0] // v
             better = (fin_best > best) & ~stopped
-            hyp = torch.cat((ys[parent], torch.full((b, 1), eos_id, dtype=torch.long, device=dev)), dim=1)
+            hyp = torch.cat((ys[parent], torch.full((b, 1), 0 if eos_id is None else eos_id, dtype=torch.long,
+                                                    device=dev)), dim=1)
             best = torch.where(better, fin_best, best)
             best_ys[:, : n + 1] = torch.where(better[:, None], hyp, best_ys[:, : n + 1])
             best_len = torch.where(better, n + 1, best_len)
             # 2. the k best candidates that do not end the sentence refill the beam
-            cand[:, eos_id::v] = float("-inf")
+            if eos_id is not None:
+                cand[:, eos_id::v] = float("-inf")
             live, idx = cand.topk(k, dim=-1)
             parent = (rows[:, None] * k + idx // v).reshape(-1)
             ys = torch.cat((ys[parent], (idx % v).reshape(-1, 1)), dim=1)

@@ -40,7 +40,8 @@ from .evaluate import MAX_SRC_TOKENS, translate
 from ...schemes.registry import canonical_pe
 from .tokenizer import get_tokenizer
 from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
-from ...utils import CliParser, atomic_torch_save, atomic_write_json, available_cores, check_positive_int
+from ...utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
+                      available_cores, check_positive_int, interrupted_message, read_json)
 from .pipeline import (DIRECTIONS, DEFAULT_PES, default_ckpt_dir, hardware, parse_pes, parse_seeds, parse_sets,
                     prepare_data, resolve_jobs)
 
@@ -199,14 +200,28 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
     if not (isinstance(budget_min, (int, float)) and math.isfinite(budget_min) and budget_min > 0):
         raise ValueError(f"--budget-min must be a positive number of minutes, got {budget_min!r}")
     run_dir = Path(out)
-    run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
+    for flag, folder in (("--out", run_dir), ("--ckpt-dir", ckpt_root)):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag} {folder} is a file; give a folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root.mkdir(parents=True, exist_ok=True)
+    # one writer per run folder: a second calibration (or the run) would also time its updates under contention
+    with FolderLock(run_dir, what="--out folder", log=log), FolderLock(ckpt_root, what="--ckpt-dir", log=log):
+        return _calibrate_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
+                                 source=source, vocab=vocab, device=device, jobs=jobs, warm=warm, updates=updates,
+                                 sample=sample, budget_min=budget_min, ckpt_dir=ckpt_dir, threads=threads, log=log)
+
+
+def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, data_dir, source, vocab, device,
+                      jobs, warm, updates, sample, budget_min, ckpt_dir, threads, log) -> dict:
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     precision = resolve_precision(prof.precision, device)
     jobs = resolve_jobs(jobs, device, len(pes) * len(seeds))
-    kw = dict(direction=direction, data_dir=data_dir, source=source, vocab=vocab, work_dir=ckpt_root)
+    old = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else {}
+    kw = dict(direction=direction, data_dir=data_dir, source=source, vocab=vocab, work_dir=ckpt_root,
+              expect=old.get("data") if isinstance(old, dict) else None)
     cached = (ckpt_root / f"data-{direction}.pt").is_file()
     t = time.perf_counter()
     tok, data, splits = prepare_data(prof, run_dir, log=log, **kw)
@@ -246,11 +261,11 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
                 res = [measure_scheme(group[0], dict(ctx, tok=tok, data=data, t_submit=time.time()))]
             else:
                 import multiprocessing as mp
-                from concurrent.futures import ProcessPoolExecutor
 
                 spawn = mp.get_context("spawn")
                 per_threads = threads or max(1, available_cores() // len(group))
-                with spawn.Manager() as manager, ProcessPoolExecutor(len(group), mp_context=spawn) as pool:
+                # Ctrl-C or an error stops every worker at once (WorkerPool)
+                with spawn.Manager() as manager, WorkerPool(len(group)) as pool:
                     barrier = manager.Barrier(len(group))
                     futures = [pool.submit(measure_scheme, pe, dict(ctx, t_submit=time.time()), barrier, per_threads)
                                for pe in group]
@@ -372,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_message("nothing of the timed models is kept (the tokenizer and data cache are)",
+                                  "run the same command again to calibrate"), file=sys.stderr)
+        return INTERRUPTED
     return 0
 
 

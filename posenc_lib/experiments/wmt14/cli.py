@@ -1,13 +1,13 @@
 """The WMT14 command line: ``python -m posenc_lib.experiments.wmt14 [score|make-data|calibrate] ...``.
 
     python -m posenc_lib.experiments.wmt14 --profile {smoke,cpu,gpu} --pe none,sinusoidal,shaw,rope \\
-        [--seeds 0,1] [--direction fr-en|en-fr] [--data-dir D] [--out runs/NAME] [--resume] [--jobs N]
+        [--seeds 0,1] [--direction fr-en|en-fr] [--data-dir D] [--out runs/NAME] [--resume|--overwrite] [--jobs N]
     python -m posenc_lib.experiments.wmt14 score runs/NAME       # BERTScore, paired bootstrap, figures, later
     python -m posenc_lib.experiments.wmt14 make-data --src DIR --out data-gpu --pairs 600000
     python -m posenc_lib.experiments.wmt14 calibrate --profile gpu --data-dir data-gpu --jobs auto --budget-min 15
 
 Training a run is :func:`posenc_lib.experiments.wmt14.pipeline.run`; ``score`` and ``make-data`` are
-:func:`~posenc_lib.experiments.wmt14.pipeline.score` and :func:`~posenc_lib.experiments.wmt14.pipeline.make_data`;
+:func:`~posenc_lib.experiments.wmt14.pipeline.score` and :func:`~posenc_lib.experiments.wmt14.data.make_data`;
 ``calibrate`` is :mod:`posenc_lib.experiments.wmt14.calibrate`.  This module only parses the command line and
 dispatches, so the pipeline and the calibration never import each other's entry points.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from ...utils import CliParser
+from ...utils import INTERRUPTED, CliParser, interrupted_message
 from . import calibrate, pipeline
-from .pipeline import DEFAULT_PES, DIRECTIONS, make_data, parse_pes, parse_seeds, parse_sets, resolve_jobs, run, score
+from .pipeline import (DEFAULT_PES, DIRECTIONS, check_device, make_data, parse_pes, parse_seeds, parse_sets, resolve_jobs,
+                       run, score)
 from .train import PROFILES, get_profile
 
 
@@ -49,10 +50,18 @@ def _score_main(argv) -> int:
     ap.add_argument("--device", default=None, help="device for BERTScore (default: cuda if present, else cpu)")
     args = ap.parse_args(argv)
     try:
+        check_device(args.device)
+    except ValueError as err:
+        ap.error(str(err))
+    try:
         score(args.run_dir, bertscore=not args.no_bertscore, device=args.device)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"every file of {args.run_dir} is whole (each is replaced in one step)",
+                                  "run the same command again to finish scoring"), file=sys.stderr)
+        return INTERRUPTED
     return 0
 
 
@@ -65,12 +74,20 @@ def _make_data_main(argv) -> int:
     ap.add_argument("--max-words", type=int, default=50, help="longest side in words (default 50)")
     ap.add_argument("--seed", type=int, default=2014)
     ap.add_argument("--extra", action="store_true", help="also train on the newsdev 2008-2012 pairs in SRC/extra")
+    ap.add_argument("--overwrite", action="store_true", help="replace the data files of an --out folder that holds some")
     args = ap.parse_args(argv)
+    if Path(args.out).exists() and not Path(args.out).is_dir():  # before the corpus is read, not after
+        ap.error(f"--out {args.out} is a file; give a new folder")
     try:
-        make_data(args.src, args.out, pairs=args.pairs, max_words=args.max_words, seed=args.seed, extra=args.extra)
-    except (FileNotFoundError, ValueError) as err:
+        make_data(args.src, args.out, pairs=args.pairs, max_words=args.max_words, seed=args.seed, extra=args.extra,
+                  overwrite=args.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"no file of {args.out} is half-written", "run the same command with --overwrite "
+                                  "to make the folder again"), file=sys.stderr)
+        return INTERRUPTED
     return 0
 
 
@@ -98,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="run folder (default runs/wmt14-PROFILE)")
     ap.add_argument("--ckpt-dir", default=None, help="checkpoints and data cache (default: OUT-ckpt next to OUT)")
     ap.add_argument("--resume", action="store_true", help="continue unfinished models from their checkpoints")
+    ap.add_argument("--overwrite", action="store_true", help="train unfinished models again from update 0, replacing "
+                                                             "their checkpoints (finished models are kept)")
     ap.add_argument("--jobs", default="1", help="models trained at once as separate processes on one device "
                                                 "(an integer or 'auto': one per 16 GiB of GPU memory, at most 4)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
@@ -122,7 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         for flag, folder in (("--out", args.out), ("--ckpt-dir", args.ckpt_dir)):
             if folder and Path(folder).exists() and not Path(folder).is_dir():
                 raise ValueError(f"{flag} {folder} is a file; give a folder")
-    except ValueError as err:
+        if args.resume and args.overwrite:
+            raise ValueError("--resume continues unfinished models and --overwrite starts them again: pass one of them")
+        if args.vocab is not None:
+            if prof.tokenizer != "mbert":
+                raise ValueError(f"--vocab is read only by the mbert tokenizer (this run uses {prof.tokenizer!r}); "
+                                 "add --tokenizer mbert, or leave --vocab out")
+            from .tokenizer import load_mbert
+
+            load_mbert(args.vocab)  # a bad vocabulary is named now, not after the data is read
+    except (ValueError, FileNotFoundError) as err:
         ap.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,14 +159,20 @@ def main(argv: list[str] | None = None) -> int:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         torch.distributed.init_process_group("nccl" if cuda else "gloo", timeout=_dist_timeout())
+    out = args.out or f"runs/wmt14-{prof.name}"
     try:
-        run(prof, pes, seeds, args.out or f"runs/wmt14-{prof.name}", direction=args.direction,
-            data_dir=args.data_dir, source=args.source, vocab=args.vocab, resume=args.resume,
+        run(prof, pes, seeds, out, direction=args.direction,
+            data_dir=args.data_dir, source=args.source, vocab=args.vocab, resume=args.resume, overwrite=args.overwrite,
             progress=not args.no_progress and sys.stderr.isatty(), stop_after=args.stop_after,
             ckpt_dir=args.ckpt_dir, jobs=args.jobs, threads=args.threads)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(interrupted_message(f"finished models are kept in {out} and unfinished ones continue from their last "
+                                      "checkpoint", "rerun the same command with --resume"), file=sys.stderr)
+        return INTERRUPTED
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

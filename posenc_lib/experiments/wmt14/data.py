@@ -8,7 +8,8 @@ translation of line *i* of ``X.en``; each file may be plain, ``.xz`` or ``.gz``:
 * ``newstest2014.{fr,en}``   official WMT14 test set (news), 3003 pairs
 * ``heldout.{fr,en}``        in-domain test set: 2000 Europarl pairs never trained on
 
-The course ships such a directory in ``data/wmt14-fr-en`` (see data/SOURCES.md);
+:func:`make_data` (``python -m posenc_lib.experiments.wmt14 make-data``) writes a larger one for a GPU
+run from the 1M Europarl pairs.  The course ships such a directory in ``data/wmt14-fr-en`` (see data/SOURCES.md);
 ``--data-dir`` points at any other with the same names.  A directory without
 ``heldout.*`` borrows the shipped one, and training pairs that share a side with
 a held-out pair are always removed, so the in-domain test stays unseen.
@@ -20,12 +21,15 @@ Translation).  Used by ``python -m posenc_lib.experiments.wmt14`` and notebooks/
 from __future__ import annotations
 
 import gzip
+import hashlib
 import lzma
 import os
+import random
 import zlib
 from pathlib import Path
 
-from ...utils import REPO_ROOT, check_positive_int
+from ...utils import (LOCK_NAME, REPO_ROOT, FolderLock, atomic_write_json, atomic_write_text, check_positive_int,
+                      one_line)
 
 #: the shipped data directory (repository root / data / wmt14-fr-en)
 SHIPPED_DIR = REPO_ROOT / "data" / "wmt14-fr-en"
@@ -61,7 +65,10 @@ def _raw_bytes(path: Path) -> bytes:
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 text file (plain, .xz or .gz), without line ends.
+    """All lines of a UTF-8 text file (plain, .xz or .gz), without line ends (``\n`` or ``\r\n``).
+
+    A carriage return or another line-break character inside a line becomes a space (see
+    :func:`posenc_lib.utils.one_line`), so a sentence stays one line in every file written from it.
 
     Every problem is a ``ValueError`` naming the file (and the line where there is
     one): a damaged compressed file, bytes that are not UTF-8, an empty file, an
@@ -84,6 +91,9 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first sentence
     if not text.strip():
         raise ValueError(f"{path} is empty (expected one sentence per line)")
+    if "\r" in text.rstrip("\r") and "\n" not in text.rstrip("\n"):
+        raise ValueError(f"{path} ends its lines with carriage returns only (old Mac line ends); convert them, "
+                         "e.g. `tr '\\r' '\\n' < FILE > FILE.new`")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -93,7 +103,10 @@ def read_lines(path: str | os.PathLike) -> list[str]:
                 f"{path}, line {i + 1}: empty line (every line must hold one sentence; "
                 "remove the line together with the same line of the other language)"
             )
-    return [line.rstrip("\r") for line in lines]
+    # a carriage return (or another character some reader takes for a line break) inside a sentence
+    # would split it in two when the run folder's one-sentence-per-line files are read back, shifting
+    # every later source against its reference: it becomes a space here, once, for every reader
+    return [one_line(line.rstrip("\r")) for line in lines]
 
 
 def read_parallel(data_dir: str | os.PathLike, split: str, limit: int | None = None) -> tuple[list[str], list[str]]:
@@ -140,9 +153,10 @@ def _load_hub(max_train: int) -> dict[str, tuple[list[str], list[str]]]:
         fr, en = [], []
         for ex in ds:
             t = ex["translation"]
-            if t["fr"].strip() and t["en"].strip():
-                fr.append(t["fr"].strip())
-                en.append(t["en"].strip())
+            f, e = one_line(t["fr"]).strip(), one_line(t["en"]).strip()
+            if f and e:
+                fr.append(f)
+                en.append(e)
             if limit and len(fr) >= limit:
                 break
         return fr, en
@@ -199,3 +213,89 @@ def load_wmt14(
         )
     where += f"; {n_raw} training pairs read, {len(splits['train'][0])} after dedup; held-out from {hdir}"
     return splits, where
+
+
+# -- a larger training folder for the GPU (make-data) ----------------------------------------------
+def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, seed: int = 2014, extra: bool = False,
+              overwrite: bool = False, log=print) -> dict:
+    """Write a ``--data-dir`` folder with ``pairs`` training pairs drawn from ``src_dir`` (e.g. the 1M
+    Europarl pairs), plus newstest2013/2014 and the shipped held-out pairs.
+
+    Never included in training: any pair sharing a side with newstest2013, newstest2014 or the
+    held-out set, exact duplicates, empty sides, and pairs with more than ``max_words`` words on a
+    side (at most ``max_tokens`` subwords fit in training anyway; dropping them keeps the folder
+    small).  ``extra`` appends the newsdev 2008-2012 pairs of ``src_dir/extra`` (in-domain news).
+    Files are xz-compressed and written via temporary files.  ``out_dir`` must be new or empty: a folder
+    holding anything is refused (before the corpus is read) unless ``overwrite``; it is locked while written.
+    """
+    for name, v in (("pairs", pairs), ("max_words", max_words)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"make-data: {name} must be a positive integer, got {v!r}")
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    if not src_dir.is_dir():
+        raise FileNotFoundError(f"make-data: source folder {src_dir} does not exist")
+    if out_dir.resolve() == SHIPPED_DIR.resolve() or out_dir.resolve() == src_dir.resolve():
+        raise ValueError(f"make-data: --out {out_dir} would overwrite its own input; choose a new folder")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"make-data: --out {out_dir} is a file; give a new folder")
+    held = [p for p in sorted(out_dir.iterdir()) if p.name != LOCK_NAME] if out_dir.is_dir() else []
+    if held and not overwrite:
+        raise FileExistsError(f"make-data: --out {out_dir} already holds {held[0].name}"
+                              f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}; choose a new folder, or pass "
+                              "--overwrite to replace its data files")
+    with FolderLock(out_dir, what="--out folder", log=log):
+        return _make_data_locked(src_dir, out_dir, pairs=pairs, max_words=max_words, seed=seed, extra=extra, log=log)
+
+
+def _make_data_locked(src_dir: Path, out_dir: Path, *, pairs, max_words, seed, extra, log) -> dict:
+    tests = {}
+    for split in ("newstest2013", "newstest2014"):
+        where = src_dir if any(src_dir.glob(f"{split}.fr*")) else SHIPPED_DIR
+        tests[split] = read_parallel(where, split)
+    tests["heldout"] = read_parallel(SHIPPED_DIR, "heldout")
+    banned = (set().union(*(set(t[0]) for t in tests.values())), set().union(*(set(t[1]) for t in tests.values())))
+    log(f"make-data: reading {find_file(src_dir, 'train.fr')} and train.en")
+    fr, en = read_parallel(src_dir, "train")
+    n_read = len(fr)
+    fr, en = dedup_pairs(fr, en, exclude=banned)
+    keep = [i for i in range(len(fr)) if len(fr[i].split()) <= max_words and len(en[i].split()) <= max_words]
+    if len(keep) < pairs:
+        raise ValueError(f"make-data: only {len(keep)} of the {n_read} pairs in {src_dir} qualify (<= {max_words} "
+                         f"words a side, not in a test set, no duplicates); ask for --pairs {len(keep)} or fewer")
+    pick = sorted(random.Random(seed).sample(keep, pairs))  # kept in corpus order
+    train = ([fr[i] for i in pick], [en[i] for i in pick])
+    n_extra = 0
+    if extra:
+        ex_fr = read_lines(find_file(src_dir / "extra", "newsdev2008-2012.fr"))
+        ex_en = read_lines(find_file(src_dir / "extra", "newsdev2008-2012.en"))
+        if len(ex_fr) != len(ex_en):
+            raise ValueError(f"make-data: {src_dir}/extra/newsdev2008-2012.fr and .en differ in length")
+        ex_fr, ex_en = dedup_pairs(ex_fr, ex_en, exclude=(banned[0] | set(train[0]), banned[1] | set(train[1])))
+        n_extra = len(ex_fr)
+        train = (train[0] + ex_fr, train[1] + ex_en)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {"source": str(src_dir), "pairs_read": n_read, "pairs_qualifying": len(keep), "train_pairs": len(train[0]),
+                "newsdev_pairs": n_extra, "max_words": max_words, "seed": seed, "files": {}}
+    for lang, lines in zip(LANGS, train):
+        path = out_dir / f"train.{lang}.xz"
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            with lzma.open(tmp, "wt", encoding="utf-8", preset=9) as f:
+                f.write("".join(line + "\n" for line in lines))
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        for stale in (out_dir / f"train.{lang}", out_dir / f"train.{lang}.gz"):  # only with overwrite=True
+            stale.unlink(missing_ok=True)  # the loader would read an uncompressed file first
+    for split, (t_fr, t_en) in tests.items():
+        for lang, lines in zip(LANGS, (t_fr, t_en)):
+            atomic_write_text(out_dir / f"{split}.{lang}", "".join(line + "\n" for line in lines))
+    for p in sorted(out_dir.iterdir()):
+        if p.is_file() and not p.name.startswith(".") and p.name != "MANIFEST.json":
+            manifest["files"][p.name] = {"bytes": p.stat().st_size,
+                                         "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    atomic_write_json(out_dir / "MANIFEST.json", manifest)
+    size = sum(v["bytes"] for v in manifest["files"].values())
+    log(f"make-data: {len(train[0])} training pairs ({n_extra} from newsdev) in {out_dir}, {size / 2**20:.1f} MiB")
+    return manifest

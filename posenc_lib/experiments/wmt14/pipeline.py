@@ -15,6 +15,10 @@ every model, adds sacreBLEU's paired bootstrap between schemes, and
 few MB.  ``--jobs N`` trains N models at once as separate processes on one
 device.  Under ``torchrun --nproc_per_node N`` training is data-parallel and
 the test sentences are shared out between the processes for decoding.
+A run folder records what it was made from (``config.json``: settings, the data's SHA-256, the
+order of its schemes and seeds) and refuses other data or settings; an unfinished model's checkpoint
+is continued with ``--resume`` or started again with ``--overwrite``, never silently; the run and
+checkpoint folders are locked while a run writes them, and Ctrl-C stops every ``--jobs`` worker.
 Training needs only torch, numpy, tokenizers, sacrebleu, tqdm and matplotlib:
 ``datasets`` and ``bert-score`` are imported only when used, and ``score``
 adds BERTScore on any machine that has them.
@@ -25,21 +29,23 @@ position information at all.  Taught in notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import lzma
 import os
 import platform
 import random
 import shutil
 import time
+from concurrent.futures import as_completed
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from ...schemes.registry import PE_TYPES, canonical_pe
-from ...utils import atomic_torch_save, atomic_write_json, atomic_write_text, available_cores, check_choice, read_json
-from .data import hub_available, load_wmt14
+from ...utils import (FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores,
+                      check_choice, one_line, read_json, read_lines_exact)
+from .data import hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
 from .evaluate import bertscore_f1, bertscore_model, bleu_chrf, paired_bootstrap, shuffle_words, translate
 from .tokenizer import get_tokenizer
 from .train import Profile, barrier, cuda_bf16_native, dist_info, resolve_precision, train_model
@@ -49,6 +55,10 @@ DIRECTIONS = ("fr-en", "en-fr")
 TESTS = ("heldout", "newstest2014")
 #: profile fields that only change evaluation; they may differ between sittings of one run
 EVAL_FIELDS = ("eval_limit", "beam", "length_penalty", "bertscore", "bootstrap_samples")
+#: evaluation fields every finished model of a run must share: they choose the test sentences and the
+#: decoding, so models scored with other values would be averaged with these (``bertscore`` is added
+#: later by ``score``, ``bootstrap_samples`` only changes the paired bootstrap, which is redone)
+SCORED_FIELDS = ("eval_limit", "beam", "length_penalty")
 #: profile fields the encoded training and validation pairs depend on
 DATA_FIELDS = ("tokenizer", "vocab_size", "max_tokens", "max_train_pairs", "val_pairs")
 #: profile fields that change memory use, not the recipe: a run may resume with another value (e.g. after OOM)
@@ -59,14 +69,14 @@ def parse_pes(text: str) -> list[str]:
     """``"all"`` -> every scheme in PE_TYPES; else comma-separated names/aliases (validated)."""
     if text.strip().lower() == "all":
         return list(PE_TYPES)
-    pes = [canonical_pe(p) for p in text.split(",") if p.strip()]
+    pes = [canonical_pe(p) for p in text.split(",") if p.strip()]  # an alias or a repeat names a scheme once
     if not pes:
         raise ValueError(f"no positional encoding given in {text!r}; valid choices: {', '.join(PE_TYPES)} or 'all'")
     return list(dict.fromkeys(pes))
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``--seeds``: comma-separated integers, at least one."""
+    """``--seeds``: comma-separated integers, at least one; a seed named twice (``0,0,00``) counts once."""
     seeds = []
     for s in text.split(","):
         if s.strip():
@@ -76,7 +86,7 @@ def parse_seeds(text: str) -> list[int]:
                 raise ValueError(f"--seeds must be comma-separated integers, got {s.strip()!r}") from None
     if not seeds:
         raise ValueError(f"--seeds must name at least one integer seed, got {text!r}")
-    return seeds
+    return list(dict.fromkeys(seeds))
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:
@@ -103,12 +113,26 @@ def default_ckpt_dir(run_dir: str | os.PathLike) -> Path:
     return run_dir.parent / f"{run_dir.name}-ckpt"
 
 
+def data_fingerprint(splits: dict) -> str:
+    """SHA-256 of the sentences of every split (what a run's tokenizer, data cache and test files are made
+    from), whatever file names, compression or folder they were read from."""
+    digest = hashlib.sha256()
+    for name in sorted(splits):
+        for side in splits[name]:
+            digest.update(f"{name}:{len(side)}\n".encode())
+            digest.update("\n".join(side).encode("utf-8"))
+    return digest.hexdigest()
+
+
 def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data_dir=None, source: str = "auto",
-                 vocab=None, log=_log, work_dir=None):
+                 vocab=None, log=_log, work_dir=None, expect: dict | None = None, info: dict | None = None):
     """Load the splits, build (or load) the tokenizer, encode and filter the training pairs.
 
     The tokenizer is saved in ``run_dir`` (scoring needs it); the encoded pairs are cached in
     ``work_dir`` (default ``run_dir``) and their statistics written to ``run_dir/data.json``.
+    ``expect``: the ``{"sha256", "where"}`` record of the data a run folder was made from (its
+    ``config.json``); other data is refused before anything is written.  ``info`` (a dict) receives
+    this data's record.  The data cache records the fingerprint too and is refused if it differs.
     """
     check_choice("direction", direction, DIRECTIONS)
     run_dir = Path(run_dir)
@@ -116,6 +140,14 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
     src_lang, tgt_lang = direction.split("-")
     pick = {"fr": 0, "en": 1}
     splits, where = load_wmt14(data_dir, source=source, max_train=prof.max_train_pairs)
+    fingerprint = data_fingerprint(splits)
+    if info is not None:
+        info.update(sha256=fingerprint, where=where)
+    if expect and expect.get("sha256") not in (None, fingerprint):
+        raise ValueError(f"{run_dir} was made from other data ({expect.get('where', '?').split(';')[0]}), not from "
+                         f"{where.split(';')[0]}; "
+                         "its tokenizer, data cache and test sets belong to that data: give the same --data-dir "
+                         "and --source, or use a new --out folder (and --ckpt-dir)")
     log(f"data: {where}")
     fr, en = splits["train"]
     bpe_lines = fr[:200_000] + en[:200_000]
@@ -123,15 +155,19 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
                         vocab=vocab)
     cache = work_dir / f"data-{direction}.pt"
     # the settings the encoded pairs depend on: a cache made with others is refused, not silently reused
-    key = {"direction": direction, **{k: getattr(prof, k) for k in DATA_FIELDS}}
+    key = {"direction": direction, **{k: getattr(prof, k) for k in DATA_FIELDS}, "data_sha256": fingerprint}
     if cache.is_file():
         try:
             data = torch.load(cache, weights_only=False)
         except Exception as err:  # noqa: BLE001 (cut off, overwritten, not a torch file)
             raise ValueError(f"data cache {cache} is unreadable ({type(err).__name__}); delete it: it is "
                              "rebuilt from the data files") from None
+        # a key made before a field was recorded (data_sha256) has no say on that field
         diff = [f"{k} {data['key'][k]!r} (now {v!r})" for k, v in key.items()
                 if "key" in data and k in data["key"] and data["key"][k] != v]
+        if any(d.startswith("data_sha256") for d in diff):
+            raise ValueError(f"data cache {cache} was made from other data than {where.split(';')[0]}; use the --ckpt-dir "
+                             "of this data's run, or delete the cache (it is rebuilt from the data files)")
         if diff:
             raise ValueError(f"data cache {cache} was made with other settings: {', '.join(diff)}; delete it and "
                              f"{run_dir / 'tokenizer.json'} (both are rebuilt from the data files) or use another "
@@ -181,7 +217,7 @@ def read_test_sets(run_dir) -> dict[str, tuple[list[str], list[str]]]:
 def _read_lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"missing {path} (written by python -m posenc_lib.experiments.wmt14; is this a run folder?)")
-    return path.read_text(encoding="utf-8").split("\n")[:-1]
+    return read_lines_exact(path)
 
 
 # -- evaluation ------------------------------------------------------------------------------------
@@ -264,20 +300,76 @@ def evaluate_model(model, tok, tests: dict, prof: Profile, bert_spec: dict | Non
 
 
 # -- one run ---------------------------------------------------------------------------------------
-def _check_config(run_dir: Path, config: dict) -> None:
+def _finished(run_dir: Path) -> list[str]:
+    """Names (``PE-seedN``) of the finished models in a run folder."""
+    return sorted(p.parent.name for p in Path(run_dir).glob("*-seed*/result.json"))
+
+
+def _check_config(run_dir: Path, config: dict) -> dict:
+    """Refuse a run folder made with other settings; returns its ``config.json`` ({} for a new folder).
+
+    Training settings must match; the settings that choose the test sentences and the decoding
+    (:data:`SCORED_FIELDS`) must match once a model has been scored.  A field added to the library
+    since the run began counts as unchanged when it has its default (a run made by an older version
+    resumes).  Nothing is written here: :func:`run` writes the new ``config.json`` once the data
+    is checked too.
+    """
     path = run_dir / "config.json"
-    if path.is_file():
-        old = read_json(path)
-        defaults = asdict(Profile())
-        # a field added to the library since the run began counts as unchanged when it has its default
-        diff = [k for k in config["profile"] if k not in EVAL_FIELDS + MEMORY_FIELDS
-                and old["profile"].get(k, defaults.get(k)) != config["profile"][k]]
-        diff += [k for k in ("direction", "tokenizer_source") if old.get(k) != config.get(k)]
-        if diff:
-            raise ValueError(f"{run_dir} holds a run made with different settings ({', '.join(diff)}); "
-                             "use a new --out folder or delete the old one")
-    if dist_info()[0] == 0:
-        atomic_write_json(path, config)
+    if not path.is_file():
+        return {}
+    old = read_json(path)
+    if not isinstance(old, dict) or not isinstance(old.get("profile"), dict):
+        raise ValueError(f"{path} is not a run's config.json (no profile); is {run_dir} a run folder of "
+                         "python -m posenc_lib.experiments.wmt14? Use another --out")
+    defaults = asdict(Profile())
+    diff = [k for k in config["profile"] if k not in EVAL_FIELDS + MEMORY_FIELDS
+            and old["profile"].get(k, defaults.get(k)) != config["profile"][k]]
+    diff += [k for k in ("direction", "tokenizer_source") if old.get(k) != config.get(k)]
+    if diff:
+        what = ", ".join(f"{k} {_old_value(old, k, defaults)!r} (now {_new_value(config, k)!r})" for k in diff)
+        raise ValueError(f"{run_dir} holds a run made with different settings ({what}); use the same settings, "
+                         "or a new --out folder")
+    done = _finished(run_dir)
+    scored = [k for k in SCORED_FIELDS if old["profile"].get(k, defaults[k]) != config["profile"][k]]
+    if scored and done:
+        what = ", ".join(f"{k}={old['profile'].get(k, defaults[k])!r} (now {config['profile'][k]!r})" for k in scored)
+        raise ValueError(f"{run_dir} holds {len(done)} finished model(s) scored with {what}: models scored on other "
+                         "test sentences or with another decoding would be averaged with them; use the same value, "
+                         "or a new --out folder")
+    return old
+
+
+def _old_value(old: dict, key: str, defaults: dict):
+    return old.get(key) if key in ("direction", "tokenizer_source") else old["profile"].get(key, defaults.get(key))
+
+
+def _new_value(config: dict, key: str):
+    return config.get(key) if key in ("direction", "tokenizer_source") else config["profile"][key]
+
+
+def _scheme_order(run_dir: Path, old: dict) -> tuple[list[str], list[int]]:
+    """The schemes and seeds of a run folder in the order they were first asked for (``config.json``);
+    for a folder made before that was recorded, its ``results.json`` order, then any other finished
+    model's scheme in the course's order."""
+    if old.get("schemes"):
+        return list(old["schemes"]), [int(s) for s in old.get("seeds", [])]
+    pes, seeds = [], []
+    if (run_dir / "results.json").is_file():
+        try:
+            models = read_json(run_dir / "results.json").get("models", {})
+            pes = list(models)
+            seeds = list(dict.fromkeys(int(s) for by_seed in models.values() for s in by_seed))
+        except (ValueError, AttributeError, TypeError):
+            pes, seeds = [], []
+    rank = {pe: i for i, pe in enumerate(PE_TYPES)}
+    others = {}
+    for name in _finished(run_dir):
+        pe, _, seed = name.rpartition("-seed")
+        others.setdefault(pe, None)
+        if seed.isdigit() and int(seed) not in seeds:
+            seeds.append(int(seed))
+    pes += sorted((pe for pe in others if pe not in pes), key=lambda p: (rank.get(p, len(rank)), p))
+    return pes, seeds
 
 
 def hardware(device: str = "cpu", precision: str | None = None) -> dict:
@@ -313,6 +405,11 @@ def resolve_jobs(jobs: int | str, device: str, n_models: int) -> int:
     return max(1, min(jobs, n_models))
 
 
+def _checkpoints(run_dir: Path, ckpt_root: Path, name: str) -> list[Path]:
+    """The checkpoints of one model: in the checkpoint folder, or in the run folder (runs made before they moved)."""
+    return [p for p in (ckpt_root / name / "checkpoint.pt", run_dir / name / "checkpoint.pt") if p.is_file()]
+
+
 def _job(pe: str, seed: int, ctx: dict) -> dict:
     """Train, translate and score one (scheme, seed); writes ``MODEL/result.json``. Also the ``--jobs`` worker."""
     log = ctx["log"]
@@ -335,11 +432,12 @@ def _job(pe: str, seed: int, ctx: dict) -> dict:
     res, hyps = evaluate_model(tr["model"], ctx["tok"], ctx["tests"], prof, ctx["bert_spec"] if rank == 0 else None,
                                ctx["device"])
     if rank == 0:
-        for name, hyp in hyps.items():
-            atomic_write_text(model_dir / f"hyp.{name}.txt", "".join(h + "\n" for h in hyp))
+        for name, hyp in hyps.items():  # one translation per line, whatever characters it holds
+            atomic_write_text(model_dir / f"hyp.{name}.txt", "".join(one_line(h) + "\n" for h in hyp))
         keys = ("params", "updates", "wall_s", "tok_per_s", "epochs", "precision", "peak_mem_gib", "curve")
         summary = {k: tr[k] for k in keys if k in tr}
-        atomic_write_json(model_dir / "result.json", {"pe": pe, "seed": seed, **summary, **res})
+        scored = {k: getattr(prof, k) for k in SCORED_FIELDS}  # what its scores depend on besides the model
+        atomic_write_json(model_dir / "result.json", {"pe": pe, "seed": seed, **summary, **res, "scored_with": scored})
         h = res["tests"]["heldout"]
         log(f"{model_dir.name}: in-domain BLEU {h['bleu']:.2f} chrF {h['chrf']:.2f} "
             f"(shuffled source BLEU {h['shuffled_source']['bleu']:.2f})")
@@ -358,21 +456,60 @@ def _worker(pe: str, seed: int, ctx: dict, threads: int) -> dict:
     return _job(pe, seed, ctx)
 
 
+def _lock_folders(folders, rank: int, world: int, log) -> contextlib.ExitStack:
+    """Lock the run and checkpoint folders (rank 0 only: the other ranks of a torchrun job write nothing
+    shared); under torchrun a refused lock stops every rank, not just rank 0."""
+    stack = contextlib.ExitStack()
+    error = None
+    if rank == 0:
+        try:
+            for folder in dict.fromkeys(Path(f).absolute() for f in folders):
+                stack.enter_context(FolderLock(folder, what="--out folder", log=log))
+        except ValueError as err:
+            stack.close()
+            error = str(err)
+    if world > 1:
+        box = [error]
+        torch.distributed.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise ValueError(error)
+    return stack
+
+
 def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike, *, direction: str = "fr-en",
-        data_dir=None, source: str = "auto", vocab=None, resume: bool = False, device: str | None = None,
-        progress: bool = True, stop_after: int | None = None, ckpt_dir=None, jobs: int | str = 1,
-        threads: int | None = None, log=_log) -> dict | None:
+        data_dir=None, source: str = "auto", vocab=None, resume: bool = False, overwrite: bool = False,
+        device: str | None = None, progress: bool = True, stop_after: int | None = None, ckpt_dir=None,
+        jobs: int | str = 1, threads: int | None = None, log=_log) -> dict | None:
     """Train and evaluate every (scheme, seed); returns the collected results (rank 0) or None.
 
     ``ckpt_dir``: checkpoints and the encoded-data cache (default :func:`default_ckpt_dir`).
     ``jobs``: models trained at once, each in its own process on the same device (``"auto"``: by GPU memory).
+    Finished models are skipped.  An unfinished model with a checkpoint continues from it with ``resume``;
+    without it the run is refused (nothing is replaced) unless ``overwrite`` starts it again from update 0.
+    The run folder and the checkpoint folder are locked while the run writes them (:class:`~posenc_lib.utils.FolderLock`).
     """
-    pes = [canonical_pe(p) for p in pes]
+    pes = list(dict.fromkeys(canonical_pe(p) for p in pes))  # a scheme or seed named twice is trained once
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
     check_choice("direction", direction, DIRECTIONS)
+    if resume and overwrite:
+        raise ValueError("--resume continues unfinished models and --overwrite starts them again: pass one of them")
     run_dir = Path(out)
-    run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
+    for flag, folder in (("--out", run_dir), ("--ckpt-dir", ckpt_root)):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag} {folder} is a file; give a folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root.mkdir(parents=True, exist_ok=True)
+    rank, world = dist_info()
+    with _lock_folders((run_dir, ckpt_root), rank, world, log):
+        return _run_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
+                           source=source, vocab=vocab, resume=resume, overwrite=overwrite, device=device,
+                           progress=progress, stop_after=stop_after, jobs=jobs, threads=threads, log=log)
+
+
+def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, data_dir, source, vocab, resume,
+                overwrite, device, progress, stop_after, jobs, threads, log):
     rank, world = dist_info()
     if device is None:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
@@ -383,16 +520,29 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
         raise ValueError(f"--jobs {jobs} cannot be combined with torchrun (WORLD_SIZE={world}); use one of them")
     config = {"profile": asdict(prof), "direction": direction, "tokenizer_source": str(vocab or prof.tokenizer),
               "hardware": hardware(device, precision)}
-    _check_config(run_dir, config)
+    old = _check_config(run_dir, config)
+    if not resume and not overwrite:  # a checkpoint from an earlier sitting is never silently started over
+        cut = [p for pe, seed in todo for p in _checkpoints(run_dir, ckpt_root, f"{pe}-seed{seed}")]
+        if cut:
+            more = f" and {len(cut) - 1} more" if len(cut) > 1 else ""
+            raise ValueError(f"{cut[0]}{more} {'hold' if more else 'holds'} the training of an unfinished model; rerun "
+                             "with --resume to continue, or pass --overwrite to train again from update 0 (the "
+                             "checkpoint is replaced)")
     log(f"device {device}, precision {precision}; checkpoints in {ckpt_root}")
-    kw = dict(direction=direction, data_dir=data_dir, source=source, vocab=vocab, work_dir=ckpt_root)
+    kw = dict(direction=direction, data_dir=data_dir, source=source, vocab=vocab, work_dir=ckpt_root,
+              expect=old.get("data"))
+    info: dict = {}
     if rank == 0:
-        tok, data, splits = prepare_data(prof, run_dir, log=log, **kw)
+        tok, data, splits = prepare_data(prof, run_dir, log=log, info=info, **kw)
     barrier()
     if rank != 0:
         tok, data, splits = prepare_data(prof, run_dir, log=lambda m: None, **kw)
+    known_pes, known_seeds = _scheme_order(run_dir, old)
+    config.update(data=old.get("data") or {"sha256": info.get("sha256"), "where": info.get("where")},
+                  schemes=list(dict.fromkeys(known_pes + pes)), seeds=list(dict.fromkeys(known_seeds + seeds)))
     tgt_lang = direction.split("-")[1]
     if rank == 0:
+        atomic_write_json(run_dir / "config.json", config)
         for name in TESTS:
             srcs, refs = splits[name][::-1] if tgt_lang == "fr" else splits[name]
             atomic_write_text(run_dir / f"src.{name}.txt", "".join(r + "\n" for r in srcs[: prof.eval_limit]))
@@ -412,17 +562,12 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
                 log(f"{pe}-seed{seed}: finished earlier, skipped")
     finished = True
     if jobs > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
         threads = threads or max(1, available_cores() // jobs)
         log(f"{len(todo)} models, {jobs} at a time ({threads} CPU thread(s) each) on {device}")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        # Ctrl-C or a failing model (e.g. a damaged checkpoint) stops every worker at once: what finished is kept
+        with WorkerPool(jobs) as pool:
             futures = [pool.submit(_worker, pe, seed, ctx, threads) for pe, seed in todo]
             for f in as_completed(futures):
-                if f.exception() is not None:  # e.g. a damaged checkpoint: start no further model
-                    pool.shutdown(wait=False, cancel_futures=True)
-                    raise f.exception()
                 done = f.result()
                 finished &= done["finished"]
                 if done["finished"]:
@@ -448,25 +593,35 @@ def _data_stats(run_dir: Path, direction: str) -> dict:
     if (run_dir / "data.json").is_file():
         return read_json(run_dir / "data.json")
     if (run_dir / "results.json").is_file():  # runs made before data.json existed
-        return read_json(run_dir / "results.json")["data"]
-    return torch.load(run_dir / f"data-{direction}.pt", weights_only=False)["stats"]
+        return read_json(run_dir / "results.json").get("data", {})
+    legacy = run_dir / f"data-{direction}.pt"  # runs made before the cache moved out of the run folder
+    return torch.load(legacy, weights_only=False)["stats"] if legacy.is_file() else {}
 
 
 def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -> dict:
-    """Gather every ``MODEL/result.json`` into ``results.json`` and add paired bootstrap p-values."""
+    """Gather every ``MODEL/result.json`` into ``results.json`` and add paired bootstrap p-values.
+
+    Schemes keep the order of the run's ``config.json`` (the order they were first asked for, over every
+    sitting), so the bootstrap's baseline and the figures' colours do not depend on the last command;
+    ``pes`` and ``seeds`` order a folder made before that order was recorded.
+    """
     run_dir = Path(run_dir)
     config = read_json(run_dir / "config.json")
-    models = {}  # every finished model in the folder, schemes in the course's order, then by seed
-    found = [read_json(p) for p in run_dir.glob("*-seed*/result.json")]
-    rank = {pe: i for i, pe in enumerate(list(pes) + [p for p in PE_TYPES if p not in pes])}
-    for r in sorted(found, key=lambda r: (rank.get(r["pe"], 99), r["seed"])):
+    order = list(config.get("schemes") or pes)
+    seed_order = [int(s) for s in (config.get("seeds") or seeds)]
+    models = {}  # every finished model in the folder, schemes in the run's order, then by seed
+    found = [_read_record(p) for p in run_dir.glob("*-seed*/result.json")]
+    rank = {pe: i for i, pe in enumerate(order + [p for p in PE_TYPES if p not in order])}
+    seed_rank = {s: i for i, s in enumerate(seed_order)}
+    for r in sorted(found, key=lambda r: (rank.get(r["pe"], len(rank)), r["pe"],
+                                          seed_rank.get(int(r["seed"]), len(seed_rank)), int(r["seed"]))):
         models.setdefault(r["pe"], {})[str(r["seed"])] = r
     old = read_json(run_dir / "results.json") if (run_dir / "results.json").is_file() else {}
     bert = ({"model": bert_spec["name"], "num_layers": bert_spec.get("num_layers", "package default")}
             if bert_spec else old.get("bertscore"))
     results = {"config": config, "data": _data_stats(run_dir, direction), "bertscore": bert, "models": models,
                "paired_bootstrap": {}}
-    seed = str(seeds[0])
+    seed = str(seed_order[0]) if seed_order else str(seeds[0])
     done = [pe for pe in models if seed in models[pe]]
     n = config["profile"]["bootstrap_samples"]
     digest = hashlib.sha256(repr(n).encode())  # the test's inputs: its systems, their outputs, its samples
@@ -479,11 +634,33 @@ def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -
         results["paired_bootstrap"] = old["paired_bootstrap"]  # same inputs as last time: not repeated
     elif len(done) > 1:
         for name in TESTS:
-            hyps = {pe: (run_dir / f"{pe}-seed{seed}" / f"hyp.{name}.txt").read_text().split("\n")[:-1] for pe in done}
-            refs = (run_dir / f"ref.{name}.txt").read_text().split("\n")[:-1]
+            refs = _read_lines(run_dir / f"ref.{name}.txt")
+            hyps = {pe: _read_hyps(run_dir / f"{pe}-seed{seed}" / f"hyp.{name}.txt", len(refs)) for pe in done}
             results["paired_bootstrap"][name] = paired_bootstrap(hyps, refs, n_samples=n)
     atomic_write_json(run_dir / "results.json", results)
     return results
+
+
+def _read_record(path: Path) -> dict:
+    """A finished model's ``result.json``; a record this version cannot use is a ``ValueError`` naming it."""
+    rec = read_json(path)
+    missing = [k for k in ("pe", "seed", "tests") if not isinstance(rec, dict) or k not in rec]
+    if not missing:
+        missing = [f"tests.{t}" for t in TESTS if not isinstance(rec["tests"], dict) or t not in rec["tests"]]
+    if missing:
+        raise ValueError(f"{path} is not a finished model's record of this version (missing {', '.join(missing)}); "
+                         f"move {path.parent} out of the run folder and rerun that model with --resume")
+    return rec
+
+
+def _read_hyps(path: Path, n_refs: int) -> list[str]:
+    """A model's translations, one per reference; another count means they belong to other test sentences."""
+    hyp = _read_lines(path)
+    if len(hyp) != n_refs:
+        raise ValueError(f"{path} has {len(hyp)} translations but the run's ref.{path.name.split('.')[1]}.txt has "
+                         f"{n_refs} sentences: that model was scored on other test sentences; move {path.parent} out "
+                         "of the run folder and rerun that model with --resume")
+    return hyp
 
 
 def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61), seed: int | str | None = None,
@@ -505,8 +682,7 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     results = read_json(run_dir / "results.json")
     kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
     tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
-    src = (run_dir / f"src.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
-    ref = (run_dir / f"ref.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    src, ref = _read_lines(run_dir / f"src.{test}.txt"), _read_lines(run_dir / f"ref.{test}.txt")
     lengths = [len(ids) for ids in tok.encode(src)]
     max_tokens = results["config"]["profile"]["max_tokens"]
     out = {}
@@ -514,7 +690,7 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
         key = str(seed) if seed is not None else next(iter(by_seed))
         if key not in by_seed:
             continue
-        hyp = (run_dir / f"{pe}-seed{key}" / f"hyp.{test}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        hyp = _read_hyps(run_dir / f"{pe}-seed{key}" / f"hyp.{test}.txt", len(ref))
         out[pe] = bleu_by_source_length(hyp, ref, lengths, edges, train_max_len=max_tokens)
     return out
 
@@ -604,22 +780,54 @@ def save_figures(results: dict, fig_dir) -> None:
 
 
 # -- scoring a finished run later ------------------------------------------------------------------
+def check_device(device: str | None) -> str:
+    """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` that this machine has (None: cuda if present, else cpu)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown --device {device!r}; valid choices: cpu, cuda, cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device (torch.cuda.is_available() is False); "
+                         "valid here: cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); valid: "
+                         + ", ".join(f"cuda:{i}" for i in range(torch.cuda.device_count())))
+    return str(dev)
+
+
 def score(run_dir, *, bertscore: bool = True, figures: bool = True, device: str | None = None, log=_log) -> dict:
     """Add BERTScore, the paired bootstrap and the figures to a finished run folder (any machine).
 
     Reads only the run folder (``config.json``, ``ref.*.txt``, each ``MODEL/hyp.*.txt`` and
     ``result.json``): a run trained on a GPU machine without ``bert-score`` is completed here.
+    Schemes keep the run's order (the bootstrap's baseline is its first scheme).  The folder is
+    locked while it is scored (:class:`~posenc_lib.utils.FolderLock`).
     """
     run_dir = Path(run_dir)
+    device = check_device(device)
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"{run_dir} is not a run folder (no config.json); pass the --out folder of a run")
+    with FolderLock(run_dir, what="run folder", log=log):
+        return _score_locked(run_dir, bertscore=bertscore, figures=figures, device=device, log=log)
+
+
+def _score_locked(run_dir: Path, *, bertscore: bool, figures: bool, device: str, log) -> dict:
     config = read_json(run_dir / "config.json")
-    direction = config["direction"]
+    if not isinstance(config, dict) or not isinstance(config.get("profile"), dict):
+        raise ValueError(f"{run_dir / 'config.json'} is not a run's config.json (no profile); pass the --out folder "
+                         "of a run of python -m posenc_lib.experiments.wmt14")
+    direction = config.get("direction")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"{run_dir / 'config.json'} names no translation direction (got {direction!r}); add "
+                         f"\"direction\": \"fr-en\" (or \"en-fr\") to it, as the run was made")
     paths = sorted(run_dir.glob("*-seed*/result.json"))
     if not paths:
         raise FileNotFoundError(f"{run_dir} holds no finished model (no */result.json) to score")
-    records = {p: read_json(p) for p in paths}
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    records = {p: _read_record(p) for p in paths}
     spec = None
     if bertscore:
         tgt_lang = direction.split("-")[1]
@@ -636,89 +844,19 @@ def score(run_dir, *, bertscore: bool = True, figures: bool = True, device: str 
                 res = rec["tests"][name]
                 if same and "bertscore_f1" in res:
                     continue
-                hyp = _read_lines(path.parent / f"hyp.{name}.txt")
-                ref = _read_lines(run_dir / f"ref.{name}.txt")[: len(hyp)]
+                ref = _read_lines(run_dir / f"ref.{name}.txt")
+                hyp = _read_hyps(path.parent / f"hyp.{name}.txt", len(ref))
                 res["bertscore_f1"] = bertscore_f1(hyp, ref, spec, device=device)
                 changed = True
             if changed:
                 atomic_write_json(path, rec)
                 log(f"{path.parent.name}: BERTScore F1 in-domain {rec['tests']['heldout']['bertscore_f1']:.4f}, "
                     f"newstest2014 {rec['tests']['newstest2014']['bertscore_f1']:.4f}")
-    pes = list(dict.fromkeys(r["pe"] for r in records.values()))
-    seeds = sorted({int(r["seed"]) for r in records.values()})
+    pes, seeds = _scheme_order(run_dir, config)  # the run's order, not the file names' order
+    pes += [pe for pe in dict.fromkeys(r["pe"] for r in records.values()) if pe not in pes]
+    seeds += sorted({int(r["seed"]) for r in records.values()} - set(seeds))
     results = collect_results(run_dir, pes, seeds, bert_spec=spec, direction=direction)
     if figures:
         save_figures(results, run_dir / "figures")
     log(f"scored {len(records)} model(s): {run_dir / 'results.json'}")
     return results
-
-
-# -- a larger training folder for the GPU ----------------------------------------------------------
-def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, seed: int = 2014, extra: bool = False,
-              log=_log) -> dict:
-    """Write a ``--data-dir`` folder with ``pairs`` training pairs drawn from ``src_dir`` (e.g. the 1M
-    Europarl pairs), plus newstest2013/2014 and the shipped held-out pairs.
-
-    Never included in training: any pair sharing a side with newstest2013, newstest2014 or the
-    held-out set, exact duplicates, empty sides, and pairs with more than ``max_words`` words on a
-    side (at most ``max_tokens`` subwords fit in training anyway; dropping them keeps the folder
-    small).  ``extra`` appends the newsdev 2008-2012 pairs of ``src_dir/extra`` (in-domain news).
-    Files are xz-compressed and written via temporary files.
-    """
-    from .data import LANGS, SHIPPED_DIR, dedup_pairs, find_file, read_lines, read_parallel
-
-    for name, v in (("pairs", pairs), ("max_words", max_words)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"make-data: {name} must be a positive integer, got {v!r}")
-    src_dir, out_dir = Path(src_dir), Path(out_dir)
-    if not src_dir.is_dir():
-        raise FileNotFoundError(f"make-data: source folder {src_dir} does not exist")
-    if out_dir.resolve() == SHIPPED_DIR.resolve() or out_dir.resolve() == src_dir.resolve():
-        raise ValueError(f"make-data: --out {out_dir} would overwrite its own input; choose a new folder")
-    tests = {}
-    for split in ("newstest2013", "newstest2014"):
-        where = src_dir if any(src_dir.glob(f"{split}.fr*")) else SHIPPED_DIR
-        tests[split] = read_parallel(where, split)
-    tests["heldout"] = read_parallel(SHIPPED_DIR, "heldout")
-    banned = (set().union(*(set(t[0]) for t in tests.values())), set().union(*(set(t[1]) for t in tests.values())))
-    log(f"make-data: reading {find_file(src_dir, 'train.fr')} and train.en")
-    fr, en = read_parallel(src_dir, "train")
-    n_read = len(fr)
-    fr, en = dedup_pairs(fr, en, exclude=banned)
-    keep = [i for i in range(len(fr)) if len(fr[i].split()) <= max_words and len(en[i].split()) <= max_words]
-    if len(keep) < pairs:
-        raise ValueError(f"make-data: only {len(keep)} of the {n_read} pairs in {src_dir} qualify (<= {max_words} "
-                         f"words a side, not in a test set, no duplicates); ask for --pairs {len(keep)} or fewer")
-    pick = sorted(random.Random(seed).sample(keep, pairs))  # kept in corpus order
-    train = ([fr[i] for i in pick], [en[i] for i in pick])
-    n_extra = 0
-    if extra:
-        ex_fr = read_lines(find_file(src_dir / "extra", "newsdev2008-2012.fr"))
-        ex_en = read_lines(find_file(src_dir / "extra", "newsdev2008-2012.en"))
-        if len(ex_fr) != len(ex_en):
-            raise ValueError(f"make-data: {src_dir}/extra/newsdev2008-2012.fr and .en differ in length")
-        ex_fr, ex_en = dedup_pairs(ex_fr, ex_en, exclude=(banned[0] | set(train[0]), banned[1] | set(train[1])))
-        n_extra = len(ex_fr)
-        train = (train[0] + ex_fr, train[1] + ex_en)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"source": str(src_dir), "pairs_read": n_read, "pairs_qualifying": len(keep), "train_pairs": len(train[0]),
-                "newsdev_pairs": n_extra, "max_words": max_words, "seed": seed, "files": {}}
-    for lang, lines in zip(LANGS, train):
-        path = out_dir / f"train.{lang}.xz"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with lzma.open(tmp, "wt", encoding="utf-8", preset=9) as f:
-            f.write("".join(line + "\n" for line in lines))
-        os.replace(tmp, path)
-        for stale in (out_dir / f"train.{lang}", out_dir / f"train.{lang}.gz"):
-            stale.unlink(missing_ok=True)  # the loader would read an uncompressed file first
-    for split, (t_fr, t_en) in tests.items():
-        for lang, lines in zip(LANGS, (t_fr, t_en)):
-            atomic_write_text(out_dir / f"{split}.{lang}", "".join(line + "\n" for line in lines))
-    for p in sorted(out_dir.iterdir()):
-        if p.is_file() and not p.name.startswith("."):
-            manifest["files"][p.name] = {"bytes": p.stat().st_size,
-                                         "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-    atomic_write_json(out_dir / "MANIFEST.json", manifest)
-    size = sum(v["bytes"] for v in manifest["files"].values())
-    log(f"make-data: {len(train[0])} training pairs ({n_extra} from newsdev) in {out_dir}, {size / 2**20:.1f} MiB")
-    return manifest

@@ -96,12 +96,20 @@ def load_mbert(vocab: str | os.PathLike | None = None) -> SubwordTokenizer:
     from tokenizers.implementations import BertWordPieceTokenizer
 
     path = Path(vocab) if vocab is not None else MBERT_VOCAB
+    if path.is_dir():
+        raise ValueError(f"mBERT vocabulary {path} is a folder; pass --vocab the vocab.txt file inside it")
     if not path.is_file():
         raise FileNotFoundError(
             f"mBERT vocabulary {path} not found; pass --vocab PATH to bert-base-multilingual-cased's vocab.txt "
             "or use --tokenizer bpe"
         )
-    wp = BertWordPieceTokenizer(str(path), lowercase=False, strip_accents=False)
+    try:
+        wp = BertWordPieceTokenizer(str(path), lowercase=False, strip_accents=False)
+    except Exception as err:  # noqa: BLE001 (tokenizers raises bare Exception and TypeError for a bad file)
+        why = " ".join(str(err).split())[:120]
+        raise ValueError(f"mBERT vocabulary {path} is not a WordPiece vocab.txt ({why}); it needs one UTF-8 token per "
+                         "line, including [PAD], [UNK], [CLS] and [SEP]: pass --vocab bert-base-multilingual-cased's "
+                         "vocab.txt or use --tokenizer bpe") from None
     if wp.get_vocab_size() < 1000:
         raise ValueError(f"{path} gave only {wp.get_vocab_size()} tokens; is it a WordPiece vocab.txt?")
     return SubwordTokenizer(wp._tokenizer, "mbert", "[PAD]", "[UNK]", "[CLS]", "[SEP]")

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from .evaluate import pad_batch
 from ...models.seq2seq import build_model
 from .tokenizer import TOKENIZERS
-from ...utils import atomic_torch_save, check_choice, set_seed
+from ...utils import atomic_torch_save, atomic_write_text, check_choice, set_seed
 
 #: ``precision`` values: ``auto`` = bf16 where the GPU supports it, else fp16 (+ GradScaler); fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -328,9 +328,30 @@ def validation_loss(model, dev: dict, tok, device: str, prec: Precision | None =
 
 
 def _read_metrics(path: Path, upto: int) -> list[dict]:
+    """The rows of ``metrics.jsonl`` up to update ``upto`` (the checkpoint's).
+
+    A kill while a row is appended leaves its last line cut off: that row comes after the last
+    checkpoint (rows are written before the checkpoint of their update), so it is dropped.  A
+    damaged line before the last is a ``ValueError`` naming the file and the line.
+    """
     if not path.is_file():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        lines = f.read().split("\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("no integer 'step'")
+        except ValueError as err:
+            if all(not rest.strip() for rest in lines[i + 1:]):
+                break  # the last line, cut off by a kill
+            raise ValueError(f"{path}, line {i + 1}: not a metrics row ({str(err).splitlines()[0][:80]}); delete that "
+                             "line, or the file (the curve then starts at the checkpoint's update)") from None
+        rows.append(row)
     return [r for r in rows if r["step"] <= upto]
 
 
@@ -471,7 +492,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
         log(f"no checkpoint {ckpt_path}; starting {model_dir.name} from scratch")
     curve = _read_metrics(metrics_path, state["step"])
     if rank == 0:
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in curve))
+        atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in curve))
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.startswith("cuda") else None)

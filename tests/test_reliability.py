@@ -1,0 +1,634 @@
+"""Nothing a user has is destroyed, nothing is silently wrong: the second reliability round.
+
+One test (at least) per example of the issue, each failing on the code before the fix, grouped by
+class: data loss, silently wrong results, raw tracebacks and unclear messages; then the pieces of the
+write policy they share (folder locks, Ctrl-C in worker pools) and the compatibility of run folders
+made before the policy (the WMT14 run in progress must resume with the same command).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc_lib.experiments.wmt14 import main as wmt14_main
+from posenc_lib.experiments.wmt14 import default_ckpt_dir, make_data, parse_seeds, run
+from posenc_lib.experiments.wmt14.data import read_lines, read_parallel
+from posenc_lib.experiments.wmt14.pipeline import read_test_sets
+from posenc_lib.experiments.wmt14.train import get_profile
+from posenc_lib.utils import LOCK_NAME, FolderLock, FolderLocked
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_dir(tmp_path: Path, name: str = "data", n_train: int = 200, edit=None) -> Path:
+    """A data folder with the shipped files' first lines; ``edit(split, lang, lines)`` may change them."""
+    d = tmp_path / name
+    d.mkdir()
+    for split, n in (("train", n_train), ("newstest2013", 30), ("newstest2014", 12), ("heldout", 12)):
+        fr, en = read_parallel(ROOT / "data" / "wmt14-fr-en", split, n)
+        for lang, lines in (("fr", fr), ("en", en)):
+            lines = edit(split, lang, list(lines)) if edit else lines
+            (d / f"{split}.{lang}").write_bytes(("\n".join(lines) + "\n").encode("utf-8"))
+    return d
+
+
+def tiny(**kw):
+    base = dict(vocab_size=200, max_train_pairs=None, max_steps=4, log_every=2, val_every=2, ckpt_every=2,
+                val_pairs=6, eval_limit=3, bertscore=False, bootstrap_samples=10, batch_tokens=200)
+    return get_profile("smoke", {**base, **kw})
+
+
+def quiet(msg):
+    pass
+
+
+def run_cli(main, argv):
+    """``main(argv)`` in-process: (exit status, stderr lines). An exception other than SystemExit fails the test."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as stop:
+            code = stop.code
+        except KeyboardInterrupt:  # escaping, it would stop the whole test session
+            pytest.fail(f"{argv}: KeyboardInterrupt escaped the command line")
+    return code, [line for line in err.getvalue().splitlines() if line.strip()]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# == data loss ========================================================================================
+def test_book_build_keeps_a_src_and_html_it_did_not_make(tmp_path, monkeypatch):
+    """`python -m book.build --out DIR` deleted DIR/src and DIR/html, whatever they held."""
+    import book.build as bb
+
+    def fake_sphinx(cmd, **kw):  # the HTML step without Sphinx (seconds instead of minutes)
+        Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(bb.subprocess, "run", fake_sphinx)
+    out = tmp_path / "site"
+    (out / "src").mkdir(parents=True)
+    (out / "src" / "my_notes.md").write_text("mine\n")
+    (out / "html").mkdir()
+    (out / "html" / "index.html").write_text("<p>my own page</p>\n")
+    before = snapshot(out)
+    code, lines = run_cli(bb.main, ["--out", str(out)])
+    assert code == 2 and len(lines) == 1 and "--overwrite" in lines[0] and "src" in lines[0], lines
+    assert snapshot(out) == before and not (out / LOCK_NAME).exists()
+    # a folder an earlier build made is rebuilt; --overwrite takes a foreign one
+    fresh = tmp_path / "fresh"
+    assert run_cli(bb.main, ["--out", str(fresh)])[0] in (0, None)
+    (fresh / "src" / "stale.md").write_text("from the last build\n")
+    assert run_cli(bb.main, ["--out", str(fresh)])[0] in (0, None)
+    assert not (fresh / "src" / "stale.md").exists() and (fresh / "src" / "index.md").is_file()
+    assert run_cli(bb.main, ["--out", str(out), "--overwrite"])[0] in (0, None)
+    assert not (out / "src" / "my_notes.md").exists()
+
+
+def test_wmt14_rerun_without_resume_keeps_the_checkpoint(tmp_path):
+    """Re-running a WMT14 command without --resume when a checkpoint exists started from update 0 and
+    overwrote the checkpoint, silently."""
+    d = tiny_dir(tmp_path)
+    kw = dict(data_dir=d, source="files", progress=False, log=quiet)
+    prof = tiny(max_steps=8)
+    assert run(prof, ["none"], [0], tmp_path / "run", stop_after=4, **kw) is None
+    ck = default_ckpt_dir(tmp_path / "run") / "none-seed0" / "checkpoint.pt"
+    raw = ck.read_bytes()
+    with pytest.raises(ValueError, match=r"checkpoint\.pt.*unfinished model.*--resume.*--overwrite"):
+        run(prof, ["none"], [0], tmp_path / "run", **kw)
+    assert ck.read_bytes() == raw
+    argv = ["--profile", "smoke", "--pe", "none", "--data-dir", str(d), "--out", str(tmp_path / "run"), "--no-progress",
+            *[f"--set={k}={v}" for k, v in (("vocab_size", 200), ("max_steps", 8), ("log_every", 2), ("val_every", 2),
+                                            ("ckpt_every", 2), ("val_pairs", 6), ("eval_limit", 3),
+                                            ("bertscore", "false"), ("bootstrap_samples", 10), ("batch_tokens", 200),
+                                            ("max_train_pairs", "none"))]]  # fmt: skip
+    code, lines = run_cli(wmt14_main, argv)
+    assert code == 2 and len(lines) == 1 and "--resume" in lines[0], lines
+    assert ck.read_bytes() == raw
+    code, lines = run_cli(wmt14_main, argv + ["--resume", "--overwrite"])
+    assert code == 2 and len(lines) == 1 and "pass one of them" in lines[0], lines
+    # told to: --overwrite trains it again from update 0
+    assert run(prof, ["none"], [0], tmp_path / "run", overwrite=True, stop_after=2, **kw) is None
+    assert torch.load(ck, weights_only=False)["state"]["step"] == 2
+
+
+def test_benchmarks_without_out_never_touch_the_published_results(tmp_path, monkeypatch):
+    """`python -m benchmarks.run` with no --out overwrote the committed benchmarks/results/."""
+    import benchmarks.run as br
+
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("train.json", "table.md"):
+        shutil.copy(ROOT / "benchmarks" / "results" / name, published / name)
+    before = snapshot(published)
+    monkeypatch.setattr(br, "DEFAULT_OUT", published)
+    monkeypatch.setattr(br, "PUBLISHED", published, raising=False)
+    monkeypatch.setattr(br, "RUNS", tmp_path / "runs", raising=False)
+    monkeypatch.setattr(br, "QUICK_OUT", tmp_path / "runs" / "bench-quick", raising=False)
+    monkeypatch.setattr(br, "bench_train", lambda schemes, cfg, quiet: {"lengths": {}})
+    monkeypatch.setattr(br, "write_report", lambda out: (Path(out) / "table.md").write_text("a trial\n"))
+    argv = ["--only", "train", "--schemes", "none", "--threads", "1", "--quiet"]
+    run_cli(br.main, argv)  # a trial without --out
+    assert snapshot(published) == before
+    trials = list((tmp_path / "runs").glob("bench-*/train.json"))
+    assert len(trials) == 1
+    code, lines = run_cli(br.main, argv + ["--out", str(published)])  # onto results: only with --overwrite
+    assert code == 2 and len(lines) == 1 and "train.json" in lines[0] and "--overwrite" in lines[0], lines
+    assert snapshot(published) == before
+    run_cli(br.main, argv + ["--out", str(published), "--overwrite"])
+    assert json.loads((published / "train.json").read_text())["results"] == {"lengths": {}}
+    # a folder holding someone else's table.md is refused too
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "table.md").write_text("my table\n")
+    code, lines = run_cli(br.main, argv + ["--out", str(other)])
+    assert code == 2 and "table.md" in lines[0] and (other / "table.md").read_text() == "my table\n"
+
+
+def test_decode_profile_keeps_an_existing_result(tmp_path):
+    from benchmarks.decode_profile import main as profile_main
+
+    (tmp_path / "decode_profile.json").write_text("{}\n")
+    code, lines = run_cli(profile_main, ["--quick", "--schemes", "none", "--out", str(tmp_path)])
+    assert code == 2 and len(lines) == 1 and "--overwrite" in lines[0]
+    assert (tmp_path / "decode_profile.json").read_text() == "{}\n"
+
+
+def _corpus(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    fr, en = read_parallel(ROOT / "data" / "wmt14-fr-en", "train", 40)
+    for lang, rows in (("fr", fr), ("en", en)):
+        (src / f"train.{lang}").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return src
+
+
+def test_make_data_onto_a_folder_that_holds_files_keeps_them(tmp_path):
+    """`make-data --out` onto an existing folder overwrote what was there."""
+    src = _corpus(tmp_path)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.fr").write_text("my own training data\n")
+    (out / "notes.txt").write_text("keep me\n")
+    before = snapshot(out)
+    code, lines = run_cli(wmt14_main, ["make-data", "--src", str(src), "--out", str(out), "--pairs", "10"])
+    assert code == 2 and len(lines) == 1 and "--overwrite" in lines[0] and str(out) in lines[0], lines
+    assert snapshot(out) == before
+    assert run_cli(wmt14_main, ["make-data", "--src", str(src), "--out", str(out), "--pairs", "10", "--overwrite"])[0] == 0
+    assert not (out / "train.fr").exists() and (out / "train.fr.xz").is_file()
+    assert (out / "notes.txt").read_text() == "keep me\n" and not (out / LOCK_NAME).exists()
+
+
+def test_make_data_out_file_is_refused_before_the_corpus_is_read(tmp_path, monkeypatch):
+    """`make-data --out FILE` failed only after reading the whole corpus."""
+    import posenc_lib.experiments.wmt14.data as data
+
+    src = _corpus(tmp_path)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder\n")
+
+    def no_reading(*a, **k):
+        raise AssertionError("the corpus was read before --out was checked")
+
+    monkeypatch.setattr(data, "read_parallel", no_reading)
+    monkeypatch.setattr(data, "read_lines", no_reading)
+    code, lines = run_cli(wmt14_main, ["make-data", "--src", str(src), "--out", str(a_file), "--pairs", "10"])
+    assert code == 2 and len(lines) == 1 and "--out" in lines[0] and "a_file" in lines[0], lines
+    with pytest.raises(ValueError, match="is a file"):
+        make_data(src, a_file, pairs=10, log=quiet)
+    assert a_file.read_text() == "not a folder\n"
+
+
+def test_long_context_retrain_keeps_the_finished_result_until_replaced(tmp_path, monkeypatch):
+    """A retrain (weights gone, a fine-tune pending) deleted the finished result file first, so an
+    interrupt lost it."""
+    from dataclasses import asdict
+
+    from posenc_lib.experiments import long_context as lc
+
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    rec = {"schema": lc.SCHEMA, "kind": "pretrain", "model": "nope", "seed": 0, "profile": "smoke",
+           "config": json.loads(json.dumps(asdict(lc.SMOKE))), "eval": {}}
+    path = lc.result_path(out, "nope", 0)
+    path.write_text(json.dumps(rec))
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lc, "pretrain", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lc.run_all(lc.SMOKE, [0], out, ckpt, names=["nope"], finetunes=[("nope", "none")], log=quiet)
+    assert json.loads(path.read_text()) == rec  # still there, whole
+    assert not (out / LOCK_NAME).exists() and not (ckpt / LOCK_NAME).exists()
+
+
+# == silently wrong ===================================================================================
+def test_wmt14_other_data_dir_on_an_existing_out_is_refused(tmp_path):
+    """Changing --data-dir on an existing --out trained on the cached encoding of the old data while the log
+    named the new one, and mixed test sets in the run folder."""
+    a = tiny_dir(tmp_path, "a")
+    b = tiny_dir(tmp_path, "b", edit=lambda split, lang, lines: lines[::-1])  # the same files, other order
+    out = tmp_path / "run"
+    assert run(tiny(max_steps=8), ["none"], [0], out, data_dir=a, source="files", progress=False, log=quiet,
+               stop_after=2) is None
+    before = snapshot(out)
+    with pytest.raises(ValueError, match=r"was made from other data.*/a\b.*not from.*/b\b.*--out"):
+        run(tiny(max_steps=8), ["none"], [0], out, data_dir=b, source="files", progress=False, log=quiet, resume=True)
+    assert snapshot(out) == before  # nothing written: no test set of the other data
+    cache = default_ckpt_dir(out) / "data-fr-en.pt"
+    with pytest.raises(ValueError, match=r"data cache .*data-fr-en\.pt was made from other data"):
+        run(tiny(max_steps=8), ["rope"], [0], tmp_path / "run2", data_dir=b, source="files", progress=False,
+            log=quiet, ckpt_dir=cache.parent)
+
+
+def test_wmt14_carriage_return_inside_a_test_line_keeps_sources_aligned(tmp_path):
+    """A stray carriage return inside a test-set line shifted sources against references."""
+    def stray(split, lang, lines):
+        if split == "newstest2014":
+            k = 1 if lang == "fr" else 2  # in different lines of the two sides: the counts stay equal
+            lines[k] = lines[k].replace(" ", " \r", 1)
+        return lines
+
+    d = tiny_dir(tmp_path, edit=stray)
+    run(tiny(max_steps=8, eval_limit=5), ["none"], [0], tmp_path / "run", data_dir=d, source="files",
+        progress=False, log=quiet, stop_after=1)
+    fr, en = read_parallel(ROOT / "data" / "wmt14-fr-en", "newstest2014", 5)
+    src, ref = read_test_sets(tmp_path / "run")["newstest2014"]
+    assert len(src) == len(ref) == 5
+    assert [s.split() for s in src] == [s.split() for s in fr] and [s.split() for s in ref] == [s.split() for s in en]
+    assert not any("\r" in s for s in src + ref)
+
+
+def test_read_lines_refuses_a_file_with_old_mac_line_ends(tmp_path):
+    (tmp_path / "t.fr").write_bytes(b"un\rdeux\rtrois\r")
+    with pytest.raises(ValueError, match=r"t\.fr ends its lines with carriage returns only"):
+        read_lines(tmp_path / "t.fr")
+    (tmp_path / "t.en").write_bytes(b"one\r\ntw\ro\r\n")  # Windows line ends are fine; a CR inside becomes a space
+    assert read_lines(tmp_path / "t.en") == ["one", "tw o"]
+
+
+def test_wmt14_changing_eval_limit_after_models_finished_is_refused(tmp_path):
+    """Changing eval_limit between sittings averaged seeds scored on different test sets.  Also: a scheme
+    or seed named twice is trained once."""
+    d = tiny_dir(tmp_path)
+    kw = dict(data_dir=d, source="files", progress=False)
+    logged = []
+    run(tiny(max_steps=2, eval_limit=2), ["none", "none"], [0, 0], tmp_path / "run", log=logged.append, **kw)
+    assert sum(m.startswith("training none-seed0") for m in logged) == 1
+    with pytest.raises(ValueError, match=r"1 finished model\(s\) scored with eval_limit=2 \(now 3\)"):
+        run(tiny(max_steps=2, eval_limit=3), ["none"], [1], tmp_path / "run", log=quiet, **kw)
+    assert not (tmp_path / "run" / "none-seed1").exists()
+    assert len(read_test_sets(tmp_path / "run")["heldout"][0]) == 2  # the test files were not rewritten
+    rec = json.loads((tmp_path / "run" / "none-seed0" / "result.json").read_text())
+    assert rec["scored_with"] == {"eval_limit": 2, "beam": 1, "length_penalty": 0.6}
+
+
+def test_duplicate_seeds_and_schemes_count_once(tmp_path, monkeypatch):
+    """`--seeds 0,0,00` trained the same model several times into one folder."""
+    from posenc_lib.experiments import extrapolation as ex
+    from posenc_lib.experiments import long_context as lc
+
+    assert parse_seeds("0,0,00") == [0] and parse_seeds("2,1,2") == [2, 1]
+    calls = []
+    monkeypatch.setattr(ex, "_finish", lambda pe, cfg, seed, out, progress: calls.append((pe, seed)) or "done")
+    ex.run_all(ex.SMOKE, ["none", "none", "rope"], [0, 0], tmp_path / "ex", progress=False, log=quiet)
+    assert calls == [("none", 0), ("rope", 0)]
+    calls.clear()
+    monkeypatch.setattr(lc, "pretrain", lambda name, seed, *a: calls.append((name, seed)) or "done")
+    lc.run_all(lc.SMOKE, [1, 1], tmp_path / "lc", tmp_path / "ck", names=["nope", "nope"], finetunes=[], log=quiet)
+    assert calls == [("nope", 1)]
+
+
+def _stub_python(tmp_path: Path) -> Path:
+    stub = tmp_path / "stub-python"
+    stub.write_text("#!/bin/sh\nsleep 4\nexit 1\n")
+    stub.chmod(0o755)
+    return stub
+
+
+@pytest.mark.skipif(shutil.which("setsid") is None or shutil.which("nohup") is None, reason="needs setsid and nohup")
+def test_gpu_finale_start_twice_is_refused(tmp_path):
+    """`scripts/gpu_finale.sh start` twice: no lock, two pipelines in one folder (and a calibration timed
+    under contention); the second start also emptied the first one's log."""
+    run_dir = tmp_path / "runs" / "wmt14-gpu"
+    env = {**ENV, "PYTHON": str(_stub_python(tmp_path)), "RUN_DIR": str(run_dir), "FOLLOW": "0"}
+    script = ROOT / "scripts" / "gpu_finale.sh"
+    first = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    time.sleep(0.5)
+    log_before = Path(f"{run_dir}.log").read_text()
+    second = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0 and "already runs" in second.stderr, (second.stdout, second.stderr)
+    assert Path(f"{run_dir}.log").read_text().startswith(log_before)  # the first pipeline's log is whole
+    for _ in range(100):  # the first pipeline ends (its stub python fails) and releases the lock
+        if Path(f"{run_dir}.done").exists() and not Path(f"{run_dir}.pid").exists():
+            break
+        time.sleep(0.2)
+    assert not Path(f"{run_dir}.pid").exists()
+    third = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert third.returncode == 0, third.stderr
+    for _ in range(100):
+        if Path(f"{run_dir}.done").exists() and not Path(f"{run_dir}.pid").exists():
+            break
+        time.sleep(0.2)
+    assert Path(f"{run_dir}.log").read_text().startswith(log_before)  # appended to, not emptied
+    Path(f"{run_dir}.pid").write_text("999999999\n")  # left by a pipeline that is gone
+    fourth = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert fourth.returncode == 0 and "no longer runs" in fourth.stderr, fourth.stderr
+    for _ in range(100):
+        if Path(f"{run_dir}.done").exists() and not Path(f"{run_dir}.pid").exists():
+            break
+        time.sleep(0.2)
+
+
+def test_ctrl_c_stops_jobs_workers_and_says_how_to_resume(tmp_path):
+    """Ctrl-C did not stop `--jobs N` runs (workers went on writing results), then a traceback."""
+    d = tiny_dir(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "posenc_lib.experiments.wmt14", "--profile", "smoke", "--pe", "none,rope",
+           "--seeds", "0", "--data-dir", str(d), "--out", str(out), "--jobs", "2", "--threads", "1", "--no-progress"]
+    for kv in ("vocab_size=200", "max_steps=100000", "log_every=2", "val_every=2", "ckpt_every=2", "val_pairs=6",
+               "eval_limit=3", "bertscore=false", "batch_tokens=200"):
+        cmd += ["--set", kv]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as a terminal's foreground job
+    try:
+        metrics = [out / f"{pe}-seed0" / "metrics.jsonl" for pe in ("none", "rope")]
+        deadline = time.time() + 120
+        while not all(m.is_file() and m.read_text().count("\n") >= 2 for m in metrics):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole group, parent and workers
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted:") and "--resume" in last, err[-2000:]
+    sizes = {m: m.stat().st_size for m in metrics}
+    time.sleep(2)
+    assert {m: m.stat().st_size for m in metrics} == sizes  # no worker goes on writing
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # every process of the group has ended
+    assert not (out / LOCK_NAME).exists()
+    assert all((default_ckpt_dir(out) / f"{pe}-seed0" / "checkpoint.pt").is_file() for pe in ("none", "rope"))
+
+
+def test_score_keeps_the_run_order_of_schemes(tmp_path):
+    """`score` reordered the schemes (by file name), so bootstrap baselines and figure colours changed.
+    The committed results/wmt14-cpu keeps scoring with the library of today."""
+    run_dir = tmp_path / "wmt14-cpu"
+    shutil.copytree(ROOT / "results" / "wmt14-cpu", run_dir)
+    committed = json.loads((run_dir / "results.json").read_text())
+    code, lines = run_cli(wmt14_main, ["score", str(run_dir), "--no-bertscore"])
+    assert code == 0, lines
+    scored = json.loads((run_dir / "results.json").read_text())
+    assert list(scored["models"]) == list(committed["models"]) == ["none", "sinusoidal", "shaw", "rope"]
+    pairs = lambda r: [(p["baseline"], p["system"]) for p in r["paired_bootstrap"]["heldout"]]  # noqa: E731
+    assert pairs(scored) == pairs(committed) and scored["paired_bootstrap"] == committed["paired_bootstrap"]
+    assert not (run_dir / LOCK_NAME).exists()
+
+
+# == raw tracebacks and unclear messages ==============================================================
+def test_entry_points_without_flags_leave_the_committed_results_alone(tmp_path, monkeypatch):
+    """Entry points run with no flags against the committed results: `extrapolation` advised deleting them."""
+    from posenc_lib.experiments import extrapolation as ex
+    from posenc_lib.experiments import long_context as lc
+
+    monkeypatch.chdir(tmp_path)
+    for folder, name in (("extrapolation", "none_seed0.json"), ("long_context", "nope_seed0.json")):
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        shutil.copy(ROOT / "results" / folder / name, tmp_path / "results" / folder / name)
+    before = snapshot(tmp_path / "results")
+    trained = []
+    monkeypatch.setattr(ex, "_finish", lambda pe, cfg, seed, out, progress: trained.append(str(out)) or "done")
+    monkeypatch.setattr(lc, "pretrain", lambda name, seed, cfg, out, ckpt: trained.append(str(out)) or "done")
+    monkeypatch.setattr(lc, "finetune", lambda name, method, seed, cfg, out, ckpt: "done")
+    assert run_cli(ex.main, ["--no-progress"]) == (0, [])
+    assert run_cli(lc.main, []) == (0, [])
+    assert set(trained) == {"runs/extrapolation-smoke", "runs/longctx-smoke"}
+    assert snapshot(tmp_path / "results") == before
+    # pointed at them on purpose with other settings: one line, and no advice to delete them
+    code, lines = run_cli(ex.main, ["--out", "results/extrapolation", "--pe", "none", "--seeds", "0", "--no-progress"])
+    assert code == 2 and len(lines) == 1 and "another --out" in lines[0] and "delete" not in lines[0], lines
+    code, lines = run_cli(lc.main, ["--out", "results/long_context", "--models", "nope", "--seeds", "0"])
+    assert code == 2 and len(lines) == 1 and "another --out" in lines[0] and "delete" not in lines[0], lines
+    assert snapshot(tmp_path / "results") == before
+
+
+def test_damaged_weights_are_named_without_unsafe_advice(tmp_path):
+    """Damaged weight files: the advice to pass weights_only=False (which runs the file's code) is unsafe."""
+    from posenc_lib.experiments import long_context as lc
+    from posenc_lib.utils import load_weights
+
+    path = lc.ckpt_path(tmp_path / "ck", lc.SMOKE, "nope", 0)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"cut off in the middle")
+    with pytest.raises(ValueError) as err:
+        lc.finetune("nope", "none", 0, lc.SMOKE, tmp_path / "out", tmp_path / "ck")
+    assert str(path) in str(err.value) and "weights_only" not in str(err.value) and "delete it" in str(err.value)
+    torch.save({"w": torch.zeros(2), "code": print}, path)  # a pickle holding more than tensors
+    with pytest.raises(ValueError) as err:
+        load_weights(path)
+    assert str(path) in str(err.value) and "weights_only" not in str(err.value)
+
+
+def test_beam_search_takes_the_edge_cases_greedy_decode_takes():
+    """`beam_search` edge cases that `greedy_decode` handles: no end token, an empty batch."""
+    from posenc_lib import build_model, greedy_decode
+    from posenc_lib.models.beam import beam_search
+
+    torch.manual_seed(0)
+    m = build_model("rope", 12, d_model=16, n_heads=2, num_layers=1, num_decoder_layers=1, dim_feedforward=32)
+    src = torch.randint(4, 12, (3, 5))
+    g = greedy_decode(m, src, max_new_tokens=6, bos_id=2, eos_id=None)
+    b = beam_search(m, src, max_new_tokens=6, bos_id=2, eos_id=None, beam=1, alpha=0.0)
+    assert torch.equal(g, b) and b.shape == (3, 7)
+    assert beam_search(m, src, max_new_tokens=6, bos_id=2, eos_id=None, beam=3).shape == (3, 7)
+    empty = torch.zeros(0, 5, dtype=torch.long)
+    assert beam_search(m, empty, max_new_tokens=4, bos_id=2, eos_id=3).shape[0] == 0
+    assert greedy_decode(m, empty, max_new_tokens=4, bos_id=2, eos_id=3).shape[0] == 0
+
+
+def _small_run_folder(tmp_path: Path) -> Path:
+    """Two models of the committed cpu run (a copy), without data.json and results.json."""
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    committed = ROOT / "results" / "wmt14-cpu"
+    for name in ("config.json", "tokenizer.json", "src.heldout.txt", "ref.heldout.txt", "src.newstest2014.txt",
+                 "ref.newstest2014.txt"):
+        shutil.copy(committed / name, run_dir / name)
+    for model in ("none-seed0", "rope-seed0"):
+        shutil.copytree(committed / model, run_dir / model)
+    return run_dir
+
+
+def test_score_with_a_bad_device_or_an_old_run_folder_says_one_line(tmp_path):
+    """`score` with a bad --device or an old run folder ended in a raw traceback or an unclear message."""
+    run_dir = _small_run_folder(tmp_path)
+    code, lines = run_cli(wmt14_main, ["score", str(run_dir), "--device", "tpu"])
+    assert code == 2 and len(lines) == 1 and "--device 'tpu'" in lines[0] and "cpu, cuda" in lines[0], lines
+    if not torch.cuda.is_available():
+        code, lines = run_cli(wmt14_main, ["score", str(run_dir), "--device", "cuda"])
+        assert code == 2 and len(lines) == 1 and "no CUDA device" in lines[0], lines
+    # a folder made before data.json (and without results.json): scored, not "No such file ... data-fr-en.pt"
+    code, lines = run_cli(wmt14_main, ["score", str(run_dir), "--no-bertscore"])
+    assert code == 0, lines
+    assert list(json.loads((run_dir / "results.json").read_text())["models"]) == ["none", "rope"]
+    rec = run_dir / "rope-seed0" / "result.json"
+    old = json.loads(rec.read_text())
+    del old["tests"]
+    rec.write_text(json.dumps(old))
+    code, lines = run_cli(wmt14_main, ["score", str(run_dir), "--no-bertscore"])
+    assert code == 2 and len(lines) == 1 and str(rec) in lines[0] and "tests" in lines[0], lines
+    cfg = json.loads((run_dir / "config.json").read_text())
+    del cfg["direction"]
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    code, lines = run_cli(wmt14_main, ["score", str(run_dir)])
+    assert code == 2 and len(lines) == 1 and "direction" in lines[0], lines
+
+
+def test_bad_vocab_is_one_line_before_the_data_is_read(tmp_path):
+    """A bad --vocab ended in a raw traceback from the tokenizers library (or was silently ignored)."""
+    binary = tmp_path / "vocab.bin"
+    binary.write_bytes(b"\x00\xff\xfe not text")
+    tiny_vocab = tmp_path / "vocab.txt"
+    tiny_vocab.write_text("a\nb\n")
+    base = ["--profile", "smoke", "--pe", "none", "--out", str(tmp_path / "o"), "--data-dir", str(tmp_path / "none")]
+    for argv, words in (
+        (["--tokenizer", "mbert", "--vocab", str(binary)], [str(binary), "WordPiece"]),
+        (["--tokenizer", "mbert", "--vocab", str(tiny_vocab)], [str(tiny_vocab), "WordPiece"]),
+        (["--tokenizer", "mbert", "--vocab", str(tmp_path)], [str(tmp_path), "folder"]),
+        (["--vocab", str(tiny_vocab)], ["--vocab", "--tokenizer mbert"]),
+    ):
+        code, lines = run_cli(wmt14_main, base + argv)
+        assert code == 2 and len(lines) == 1 and all(w in lines[0] for w in words), (argv, lines)
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_says_how_to_continue(tmp_path, monkeypatch):
+    """Ctrl-C gave a traceback without a "rerun with --resume" hint."""
+    import posenc_lib.experiments.wmt14.pipeline as pipeline
+    from posenc_lib.experiments import extrapolation as ex
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    d = tiny_dir(tmp_path)
+    monkeypatch.setattr(pipeline, "_job", interrupted)
+    code, lines = run_cli(wmt14_main, ["--profile", "smoke", "--pe", "none", "--data-dir", str(d), "--set",
+                                       "vocab_size=200", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert code == 130 and len(lines) == 1 and "--resume" in lines[0] and str(tmp_path / "run") in lines[0], lines
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    monkeypatch.setattr(ex, "_finish", interrupted)
+    code, lines = run_cli(ex.main, ["--pe", "none", "--seeds", "0", "--out", str(tmp_path / "ex"), "--no-progress"])
+    assert code == 130 and len(lines) == 1 and "same command" in lines[0], lines
+
+
+def test_cut_off_metrics_line_is_named_or_dropped(tmp_path):
+    """A cut-off `metrics.jsonl` line ended in a JSONDecodeError without the file's name."""
+    from posenc_lib.experiments.wmt14.train import _read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "val_loss": 1.0} for s in (0, 2, 4)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    path.write_text(text + '{"step": 6, "val_lo')  # a kill while the last row was appended
+    assert _read_metrics(path, 4) == rows
+    path.write_text(text.replace('{"step": 2', '{"step": 2,,', 1))
+    with pytest.raises(ValueError, match=rf"{path}, line 2: not a metrics row.*delete that line"):
+        _read_metrics(path, 4)
+
+
+def test_results_file_names_the_command_that_makes_it(tmp_path):
+    """Lessons opened before their results/ exist: say what command makes them."""
+    from posenc_lib.course.notebook import results_file, results_files
+
+    with pytest.raises(FileNotFoundError) as err:
+        results_file(tmp_path / "results" / "long_context_extra" / "t5_seed0.json")
+    msg = str(err.value)
+    assert "t5_seed0.json does not exist yet" in msg and "python -m posenc_lib.experiments.long_context_extra" in msg
+    assert "\n" not in msg
+    with pytest.raises(FileNotFoundError, match=r"no sinusoidal_seed\*\.json in .*extrapolation.*--profile pilot"):
+        results_files(tmp_path / "results" / "extrapolation", "sinusoidal_seed*.json")
+    with pytest.raises(FileNotFoundError, match=r"x\.json does not exist yet: make it with `python -m mine`"):
+        results_file(tmp_path / "x.json", "python -m mine")
+    assert results_file(ROOT / "results" / "long_context_extra" / "t5_seed0.json").is_file()
+    assert len(results_files(ROOT / "results" / "extrapolation", "sinusoidal_seed*.json")) == 3
+
+
+# == the policy's pieces ==============================================================================
+def test_folder_lock_refuses_a_living_holder_and_takes_over_a_dead_ones(tmp_path):
+    from posenc_lib.utils import _process_start
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "start": _process_start(holder.pid),
+                                                      "since": "now", "command": "python -m something"}))
+        with pytest.raises(FolderLocked, match=rf"being written by another process \(pid {holder.pid}.*python -m "
+                                               "something.*another --out folder"):
+            FolderLock(tmp_path, what="--out folder").acquire()
+        with pytest.raises(ValueError, match="being written by another process"):  # a run refuses it too
+            run(tiny(), ["none"], [0], tmp_path, data_dir=tmp_path / "nowhere", source="files", log=quiet,
+                ckpt_dir=tmp_path / "ck")
+    finally:
+        holder.kill()
+        holder.wait()
+    notes = []
+    with FolderLock(tmp_path, log=notes.append):  # the holder is gone: taken over, with a note
+        with FolderLock(tmp_path):  # re-entrant in one process
+            pass
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert notes and "no longer runs" in notes[0] and not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_run_folder_made_before_these_records_resumes_and_grows(tmp_path):
+    """Compatibility: a run folder made by the previous version (config.json without the data record and
+    the scheme order, a data cache without the data fingerprint, an unfinished model's checkpoint) resumes
+    with the same command, and another scheme with the same profile joins it."""
+    d = tiny_dir(tmp_path)
+    out = tmp_path / "run"
+    kw = dict(data_dir=d, source="files", progress=False, log=quiet)
+    prof = tiny(max_steps=6)
+    assert run(prof, ["sinusoidal", "none"], [0], out, stop_after=2, **kw) is None
+    cfg_path, cache = out / "config.json", default_ckpt_dir(out) / "data-fr-en.pt"
+    cfg = json.loads(cfg_path.read_text())
+    assert {"data", "schemes", "seeds"} <= set(cfg)
+    for key in ("data", "schemes", "seeds"):  # as the previous version wrote it
+        del cfg[key]
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    data = torch.load(cache, weights_only=False)
+    del data["key"]["data_sha256"]
+    torch.save(data, cache)
+    res = run(prof, ["sinusoidal", "none"], [0], out, resume=True, **kw)  # the same command, --resume
+    assert list(res["models"]) == ["sinusoidal", "none"]
+    assert json.loads(cfg_path.read_text())["schemes"] == ["sinusoidal", "none"]
+    res = run(prof, ["rope"], [0, 1], out, **kw)  # another scheme and seed, same profile, same folder
+    assert list(res["models"]) == ["sinusoidal", "none", "rope"]  # the first sitting's schemes stay first
+    assert res["paired_bootstrap"]["heldout"][0]["baseline"] == "sinusoidal"
+    assert json.loads(cfg_path.read_text())["seeds"] == [0, 1]
