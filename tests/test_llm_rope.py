@@ -527,3 +527,75 @@ def test_rope_cos_sin_of_zero_frequencies_is_the_identity():
     assert torch.equal(cos, torch.ones(50, 16)) and torch.equal(sin, torch.zeros(50, 16))
     x = torch.randn(3, 50, 16)
     assert torch.equal(apply_rope_cos_sin(x, cos, sin, interleaved=False), x)
+
+
+# ==================================================================== the experiment (smoke profile)
+def test_sweep_models_rotate_what_their_names_say():
+    from posenc_lib.experiments import rope_variants as rv
+
+    cfg = rv.COURSE
+    assert cfg.d_model // cfg.n_heads == 32 and cfg.num_layers == 4 and cfg.train_len == 64
+    specs = rv.models(cfg)
+    assert list(specs) == ["nope", "rope", "neox-0.1", "prope-0.1", "neox-0.25", "prope-0.25", "neox-0.5",
+                           "prope-0.5", "rope3-nope1"]  # fmt: skip
+    assert [specs[f"neox-{f:g}"][1]["rotary_dim"] for f in (0.1, 0.25, 0.5)] == [2, 8, 16]
+    for f in (0.1, 0.25, 0.5):  # the same number of rotating pairs for both kinds
+        model = rv.make_model(f"prope-{f:g}", cfg, 20)
+        inv, _ = scaled_rope_frequencies(32, 10000.0, model.pos.cache.scaling)
+        assert int((inv > 0).sum()) == rotary_pairs(f, 32) == specs[f"neox-{f:g}"][1]["rotary_dim"] // 2
+        assert rv.make_model(f"neox-{f:g}", cfg, 20).pos.rotary_dim == 2 * rotary_pairs(f, 32)
+    assert [rv.model_name(k, f) for k in rv.KINDS for f in (0.0, 1.0)] == ["nope", "rope"] * 2
+    layered = rv.make_model("rope3-nope1", cfg, 20)
+    assert [s.name for s, _ in layered.layer_pos] == ["rope", "rope", "rope", "none"]
+    with pytest.raises(ValueError, match="fraction 0.3 is not in the sweep"):
+        rv.model_name("neox", 0.3)
+
+
+def test_sweep_smoke_run_writes_one_file_per_model_resumes_and_refuses_another_config(tmp_path):
+    from dataclasses import replace
+
+    from posenc_lib.experiments import long_context as lc
+    from posenc_lib.experiments import rope_variants as rv
+
+    cfg, logs = rv.SMOKE, []
+    names = ["nope", "prope-0.25", "rope3-nope1"]
+    rv.run_all(cfg, [0], tmp_path, names=names, log=logs.append)
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == sorted(f"{n}_seed0.json" for n in names)
+    recs = lc.load_results(tmp_path)
+    for r in recs:
+        assert r["profile"] == "rope-variants-smoke" and [e["length"] for e in r["eval"]["none"]] == list(cfg.eval_lengths)
+        assert all(1 < e["ppl"] < 2 * r["vocab_size"] for e in r["eval"]["none"])
+    table = rv.table(recs)
+    assert set(table) == {("neox", 0.0), ("prope", 0.0), ("prope", 0.25)}
+    logs.clear()
+    rv.run_all(cfg, [0], tmp_path, names=names, log=logs.append)
+    assert logs == [f"skipping 3 finished result(s) in {tmp_path}"]
+    with pytest.raises(ValueError, match="another configuration"):
+        rv.run_all(replace(cfg, steps=31), [0], tmp_path, names=["nope"], log=logs.append)
+
+
+def test_sweep_timing_and_command_line(tmp_path, capsys):
+    from posenc_lib.experiments import rope_variants as rv
+
+    timing = rv.time_updates(rv.SMOKE, updates=2, warmup=1, names=["rope", "rope3-nope1"], log=lambda *_: None)
+    assert set(timing["per_model"]) == {"rope", "rope3-nope1"} and timing["cpu_seconds_3_seeds"] > 0
+    for argv in (["--models", "rope,gpt"], ["--seeds", "a"], ["--jobs", "0"], ["--time-updates", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            rv.main(argv)
+        assert e.value.code == 2
+    assert "valid choices: nope, rope, neox-0.1" in capsys.readouterr().err
+    assert rv.main(["--profile", "smoke", "--models", "nope", "--seeds", "0", "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "nope_seed0.json").exists()
+
+
+def test_committed_sweep_timing_is_what_the_readme_and_lesson_quote():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    timing = json.loads((root / "results" / "rope_variants" / "timing.json").read_text())
+    minutes = round(timing["cpu_seconds_3_seeds"] / 60)
+    per_update = sorted(round(r["cpu_per_update"] * 1000) for r in timing["per_model"].values())
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert f"about {minutes} CPU minutes" in readme
+    assert f"{per_update[0]}–{per_update[-1]} ms of CPU per update" in readme
