@@ -1,13 +1,13 @@
-"""The course order: lessons 01-14, then the finale as 17 (15 and 16 are coming), and every reference to a lesson.
+"""The course order: lessons 01-15, then the finale as 17 (16 is coming), and every reference to a lesson.
 
 Reads the notebooks and the README as text; nothing is executed. Three kinds of checks:
 
 * the notebook files are exactly the lessons of the course order, each titled with its own number, and the
-  README's lesson table lists the same lessons, with 15 and 16 marked as coming;
+  README's lesson table lists the same lessons, with 16 marked as coming;
 * every Markdown link to a notebook, and every notebook file name quoted in the notebooks, the README or the
   tests, names a file that exists;
 * every "lesson NN" / "notebook NN" / "lessons NN-MM" in the notebooks and the README names a lesson that
-  exists (15 and 16 only where the sentence says they are coming), and a sentence that names a lesson and a
+  exists (16 only where the sentence says it is coming), and a sentence that names a lesson and a
   topic of another lesson (say "lesson 11" next to a reversal task, which lesson 13 trains) must name that
   lesson too: that is how a number left over from an older course order shows up.
 """
@@ -37,9 +37,10 @@ COURSE = [
     "12_cost",
     "13_length_extrapolation",
     "14_long_context",
+    "15_rope_in_llms",
     "17_finale_wmt14",
 ]
-COMING = {15: "RoPE in today's LLMs", 16: "inside a trained model"}
+COMING = {16: "inside a trained model"}
 FINALE = 17
 
 #: Words that belong to one lesson's topic (matched case-insensitively). A sentence that names some lesson
@@ -51,6 +52,7 @@ TOPICS = {
     13: ("extrapolation", "reversal task", "reversal trained", "solve reversal", "reverse sequences", "train short, test long", "exact match", "unseen lengths",
          "past the lengths", "on longer ones"),
     14: ("long context", "long-context", "YaRN", "NTK", "Position Interpolation", "rope_scaling", "longctx", "rescaling"),
+    15: ("p-RoPE", "M-RoPE", "LongRoPE", "latent attention"),
     17: ("WMT14", "finale", "BLEU", "translation"),
 }
 
@@ -135,13 +137,13 @@ def topic_errors(text: str, own: int | None = None) -> list[str]:
 # ---------------------------------------------------------------- (a) the course order
 
 
-def test_notebooks_are_lessons_01_to_14_then_the_finale():
+def test_notebooks_are_lessons_01_to_15_then_the_finale():
     names = [p.stem for p in _notebooks()]
     assert names == COURSE, f"notebooks/ holds {names}"
     numbers = [int(n[:2]) for n in names]
-    assert numbers == list(range(1, 15)) + [FINALE]
+    assert numbers == list(range(1, 16)) + [FINALE]
     assert "finale" in names[-1] and numbers[-1] == max(numbers)
-    assert not set(COMING) & set(numbers), "lessons 15 and 16 are coming: no notebook yet"
+    assert not set(COMING) & set(numbers), "lesson 16 is coming: no notebook yet"
 
 
 @pytest.mark.parametrize("name", COURSE)
@@ -232,7 +234,9 @@ def test_the_mention_check_catches_old_numbers():
     assert topic_errors("Notebook 12 shows the BLEU curves of the four schemes.")
     assert topic_errors("Lesson 10's note on Universal RPE returns to what that costs.")
     assert topic_errors("Lesson 18 is about something else.")
-    assert topic_errors("Lesson 15 looks at RoPE in today's LLMs.")
-    assert not topic_errors("Lesson 15, RoPE in today's LLMs, is coming.")
+    assert topic_errors("Lesson 16 looks inside a trained model.")
+    assert not topic_errors("Lesson 16, inside a trained model, is coming.")
+    assert topic_errors("Lesson 14 also builds LongRoPE.")
+    assert not topic_errors("Lessons 14 and 15 rescale frequencies: YaRN and LongRoPE.")
     assert not topic_errors("Lesson 13 trains both forms on a reversal task.")
     assert not topic_errors("Lesson 11's note on Universal RPE returns to what that costs.")

@@ -111,7 +111,7 @@ def test_bad_knobs_raise_a_clear_value_error(draw, bad):
 
 
 @pytest.mark.parametrize("make", [E.sinusoidal_explorer, E.rope_explorer, E.t5_explorer, E.alibi_explorer,
-                                  E.yarn_explorer])  # fmt: skip
+                                  E.yarn_explorer, E.partial_rotary_explorer])  # fmt: skip
 def test_explorer_text_is_short_and_stable(make):
     a, b = make(), make()
     assert repr(a) == repr(b) and len(repr(a)) < 110  # ipywidgets cuts longer text/plain reprs
@@ -139,3 +139,20 @@ def test_explorer_reports_a_rejected_combination_and_keeps_the_picture():
     ex.controls["beta_fast"].value = 32.0
     ex.controls["beta_slow"].value = 1.0
     assert ex.message.value == "" and ex.image.value == before
+
+
+def test_partial_rotary_drawing_shows_both_ladders():
+    from posenc_lib.schemes.rope_spectrum import partial_rotary_ladder
+
+    fig = E.draw_partial_rotary(fraction=0.25, head_dim=64, base=10000.0, context=512)
+    ax1 = fig.axes[0]
+    full = _line(ax1, 0)[1]
+    neox, prope = _line(ax1, 1)[1], _line(ax1, 3)[1]
+    assert len(full) == 32 and len(neox) == len(prope) == 8
+    assert np.allclose(neox, partial_rotary_ladder("neox", 0.25, 64)[:8].numpy())
+    assert np.allclose(prope, full[:8]) and not np.allclose(neox, prope)
+    for bad in ({"fraction": 1.5}, {"head_dim": 7}, {"context": 0}):
+        with pytest.raises(ValueError, match="|".join(bad)):
+            E.draw_partial_rotary(**bad)
+    ex = E.partial_rotary_explorer()
+    assert repr(ex) == "Explorer(partial rotary: NeoX vs p-RoPE: fraction, head_dim, base, context)"

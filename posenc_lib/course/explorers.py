@@ -25,9 +25,13 @@ The explorers, by lesson:
 * :func:`yarn_explorer` -- lesson 14: YaRN's factor ``s``, training length ``L``, ``beta_fast`` and
   ``beta_slow``; the ramp ``gamma_k`` that keeps fast pairs and interpolates slow ones, and the
   wavelengths before and after.
+* :func:`partial_rotary_explorer` -- lesson 15: the fraction of each head that rotates, ``head_dim``,
+  ``base`` and a context length ``n``; the frequency ladders of NeoX-style partial rotary and of p-RoPE
+  side by side, and which of their pairs complete a full turn within ``n`` positions.
 
 Every drawing calls the library function it illustrates (``sinusoidal_table``, ``apply_rope``,
-``t5_relative_bucket``, ``alibi_slopes``/``alibi_bias``, ``scaled_rope_frequencies``), and bad knob
+``t5_relative_bucket``, ``alibi_slopes``/``alibi_bias``, ``scaled_rope_frequencies``,
+``partial_rotary_ladder``), and bad knob
 values raise the library's ``ValueError``.
 """
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch
 
 from ..schemes.alibi import alibi_bias, alibi_slopes
 from ..schemes.rope_scaling import scaled_rope_frequencies, wavelengths, yarn_ramp
+from ..schemes.rope_spectrum import partial_rotary_ladder, rotary_pairs
 from ..schemes.rotary import apply_rope, rope_frequencies
 from ..schemes.sinusoidal import sinusoidal_frequencies, sinusoidal_table
 from ..schemes.t5 import t5_relative_bucket
@@ -47,7 +52,8 @@ from ..utils import check_positive_int
 
 __all__ = [
     "Explorer", "draw_sinusoidal", "sinusoidal_explorer", "draw_rope", "rope_explorer", "draw_t5_buckets",
-    "t5_explorer", "draw_alibi", "alibi_explorer", "draw_yarn", "yarn_explorer",
+    "t5_explorer", "draw_alibi", "alibi_explorer", "draw_yarn", "yarn_explorer", "draw_partial_rotary",
+    "partial_rotary_explorer",
 ]  # fmt: skip
 
 WIDE = (11.0, 3.6)  # every explorer draws two panels side by side
@@ -238,6 +244,40 @@ def draw_yarn(fig=None, *, factor: float = 8.0, original_length: int = 2048, bet
     return fig
 
 
+# ------------------------------------------------------------------ lesson 15: partial rotary, two kinds
+
+
+def draw_partial_rotary(fig=None, *, fraction: float = 0.25, head_dim: int = 128, base: float = 10000.0,
+                        context: int = 8192):  # fmt: skip
+    """Left: the frequency of every pair for full RoPE, NeoX partial rotary and p-RoPE (non-rotating pairs
+    drawn as crosses on the floor). Right: their wavelengths against the context ``n``."""
+    context = check_positive_int("context", context)
+    full = partial_rotary_ladder("proportional", 1.0, head_dim, base)  # validates head_dim and base
+    ladders = {"NeoX partial": partial_rotary_ladder("neox", fraction, head_dim, base),
+               "p-RoPE": partial_rotary_ladder("proportional", fraction, head_dim, base)}  # fmt: skip
+    pairs = rotary_pairs(fraction, head_dim)
+    k = torch.arange(head_dim // 2)
+    floor = float(full.min()) / 10
+    fig = _figure(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    ax1.plot(k, full, color="0.6", lw=1, label="full RoPE")
+    for (name, lad), (c, mk) in zip(ladders.items(), (("tab:blue", "o"), ("tab:red", "s"))):
+        on = lad > 0
+        ax1.plot(k[on], lad[on], mk, ms=3, color=c, label=f"{name}: {int(on.sum())} pairs rotate")
+        ax1.plot(k[~on], torch.full((int((~on).sum()),), floor), "x", ms=3, color=c)
+        turns = int(((context - 1) * lad >= 2 * math.pi).sum())
+        ax2.plot(k[on], wavelengths(lad[on]), mk, ms=3, color=c, label=f"{name}: {turns} turn fully within n")
+    ax1.set(yscale="log", xlabel="pair k (fast -> slow)", ylabel="theta_k (rad per position)",
+            title=f"fraction {fraction:g} of d = {head_dim}: {pairs} pairs rotate (x: no rotation)")  # fmt: skip
+    ax1.legend(fontsize=8)
+    ax2.axhline(context - 1, color="0.4", ls=":", lw=1)
+    ax2.set(yscale="log", xlabel="pair k", ylabel="wavelength 2 pi / theta_k (positions)",
+            title=f"base {base:g}; dotted: n = {context}")  # fmt: skip
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 # ------------------------------------------------------------------ the widget
 
 
@@ -359,3 +399,15 @@ def yarn_explorer(factor: float = 8.0, original_length: int = 2048, beta_fast: f
                                                  description="beta_slow", continuous_update=False),
                 "head_dim": _int("head_dim", head_dim, 16, 256, 8), "base": _log("base", base, 2, 7)}  # fmt: skip
     return Explorer("YaRN ramp", draw_yarn, controls)
+
+
+def partial_rotary_explorer(fraction: float = 0.25, head_dim: int = 128, base: float = 10000.0,
+                            context: int = 8192) -> Explorer:  # fmt: skip
+    """Lesson 15: sliders for the rotating ``fraction``, ``head_dim``, ``base`` and the context ``n``."""
+    import ipywidgets as widgets
+
+    controls = {"fraction": widgets.FloatSlider(value=fraction, min=0, max=1, step=0.05, description="fraction",
+                                                continuous_update=False),
+                "head_dim": _int("head_dim", head_dim, 8, 256, 8), "base": _log("base", base, 2, 7),
+                "context": _int("context n", context, 16, 131072, 16)}  # fmt: skip
+    return Explorer("partial rotary: NeoX vs p-RoPE", draw_partial_rotary, controls)

@@ -14,10 +14,12 @@ Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verd
 measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
 Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-10
-(the full table closes notebooks/11_beyond_the_classics.ipynb).
+(the table of lessons 01-10 closes notebooks/11_beyond_the_classics.ipynb), and by the two kinds of partial rotary
+of notebooks/15_rope_in_llms.ipynb, which shows the full table.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -469,6 +471,86 @@ ENTRIES += [
         "beyond training length": Verdict("~", "perplexity stays flat, but far keys get almost no weight: "
                                                "a soft sliding window", _alibi_far_keys_get_negligible_prior),
         "relative distance readable": Verdict("✓", "-m_h |i - j| is the distance", _alibi_long_bias_extends_short),
+    }),
+]
+
+
+# -- lesson 15: partial rotary, two kinds ------------------------------------------------------
+
+def _partial_codes(kind: str, n: int, head_dim: int = 32, fraction: float = 0.25) -> torch.Tensor:
+    """Rotated all-ones vectors ``(n, head_dim)`` for NeoX partial rotary or p-RoPE (float64)."""
+    from ..schemes.rope_scaling import scaled_rope_cos_sin
+    from ..schemes.rope_spectrum import rotary_pairs
+    from ..schemes.rotary import apply_rope_cos_sin
+
+    pos, x = torch.arange(n), torch.ones(n, head_dim, dtype=torch.float64)
+    if kind == "proportional":
+        sc = {"rope_type": "proportional", "partial_rotary_factor": fraction}
+        return apply_rope_cos_sin(x, *scaled_rope_cos_sin(pos, head_dim, 10000.0, False, sc), interleaved=False)
+    r = 2 * rotary_pairs(fraction, head_dim)
+    rot = apply_rope_cos_sin(x[:, :r], *scaled_rope_cos_sin(pos, r, 10000.0, False), interleaved=False)
+    return torch.cat((rot, x[:, r:]), dim=-1)
+
+
+def _partial_scores_relative(kind: str) -> bool:
+    from ..schemes.registry import make_scheme
+
+    options = ({"rotary_dim": 8} if kind == "neox" else
+               {"scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.25}})  # fmt: skip
+    scheme = make_scheme("rope", 32, 1, 1, causal=True, interleaved=False, **options)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 32, generator=g).expand(1, 1, 40, 32), torch.randn(1, 1, 1, 32, generator=g).expand(1, 1, 40, 32)
+    pos = torch.arange(40)
+    rq, rk = scheme.rotate(q, k, scheme.prepare(pos, pos), 0)
+    return toeplitz_error((rq @ rk.transpose(-1, -2))[0, 0].double()) < 1e-3
+
+
+def _prope_returns_close_to_earlier_positions() -> bool:
+    full = (_partial_codes("proportional", 2, fraction=1.0)[1] - _partial_codes("proportional", 2, fraction=1.0)[0]).norm()
+    c = _partial_codes("proportional", 2001)
+    return bool((c[1:] - c[0]).norm(dim=-1).min() < full)  # some far position is nearer to 0 than full RoPE's neighbour
+
+
+def _prope_kept_pairs_all_turn_within_64() -> bool:
+    from ..schemes.rope_spectrum import partial_rotary_ladder
+
+    lad = partial_rotary_ladder("proportional", 0.25, 128)
+    return int(((63 * lad) >= 2 * math.pi).sum()) == int((lad > 0).sum()) == 16
+
+
+def _neox_slow_pairs_stay_on_an_arc() -> bool:
+    from ..schemes.rope_spectrum import partial_rotary_ladder
+
+    lad = partial_rotary_ladder("neox", 0.25, 128)
+    return int((8191 * lad >= 2 * math.pi).sum()) < int((lad > 0).sum())
+
+
+def _partial_norm_kept(kind: str) -> bool:
+    c = _partial_codes(kind, 500)
+    return torch.allclose(c.norm(dim=-1), torch.full((500,), math.sqrt(32.0), dtype=torch.float64))
+
+
+ENTRIES += [
+    Entry("NeoX partial rotary", 15, {
+        "unique": Verdict("✓", "its rotated pairs span every speed: distinct within their longest wavelength",
+                          lambda: is_unique(_partial_codes("neox", 200))),
+        "deterministic": Verdict("✓", "a fixed formula, no parameters"),
+        "bounded": Verdict("✓", "a rotation keeps every norm", lambda: _partial_norm_kept("neox")),
+        "consistent across lengths": Verdict("✓", "the angle depends on t only"),
+        "beyond training length": Verdict("~", "like RoPE, its slow pairs meet unseen angles; the other dimensions "
+                                               "never move", _neox_slow_pairs_stay_on_an_arc),
+        "relative distance readable": Verdict("✓", "scores depend on m - n only", lambda: _partial_scores_relative("neox")),
+    }),
+    Entry("p-RoPE", 15, {
+        "unique": Verdict("~", "distinct, but read from fast pairs only, which come back near earlier angles",
+                          _prope_returns_close_to_earlier_positions),
+        "deterministic": Verdict("✓", "a fixed formula, no parameters"),
+        "bounded": Verdict("✓", "a rotation keeps every norm", lambda: _partial_norm_kept("proportional")),
+        "consistent across lengths": Verdict("✓", "the angle depends on t only"),
+        "beyond training length": Verdict("~", "every kept pair turns fully within a few dozen positions, so no angle "
+                                               "is new; " + _EXTRAPOLATION, _prope_kept_pairs_all_turn_within_64),
+        "relative distance readable": Verdict("✓", "scores depend on m - n only (fine distances only)",
+                                              lambda: _partial_scores_relative("proportional")),
     }),
 ]
 

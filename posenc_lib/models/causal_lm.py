@@ -5,8 +5,16 @@ and a feed-forward layer, with a tied output layer.  The scheme is any name of t
 (:func:`~posenc_lib.schemes.registry.make_scheme` with ``causal=True``) and can be swapped on a trained model
 (:meth:`CausalLM.set_scheme`), which is how a RoPE model is read with another ``scaling``.
 
+Layers may also differ in their positions, as in today's open models (Gemma 3's local and global bases,
+Cohere's and Llama 4's RoPE layers beside NoPE layers): pass ``pe`` as a list with one entry per layer,
+each a scheme name, a ``(name, options)`` pair, or a ``(PositionScheme subclass, options)`` pair (see
+posenc_lib/schemes/rope_layers.py, which reads such a list from a ``transformers`` config).  Layers with
+equal entries share one scheme, built for their number of layers; a single name keeps the one scheme of
+every layer, with exactly the computation it always had.
+
 Used by the long-context experiment (posenc_lib/experiments/long_context.py, taught in
-notebooks/14_long_context.ipynb), by the decoder-only runs of the length-extrapolation experiment
+notebooks/14_long_context.ipynb), by the RoPE variants of notebooks/15_rope_in_llms.ipynb
+(posenc_lib/experiments/rope_variants.py), by the decoder-only runs of the length-extrapolation experiment
 (notebooks/13_length_extrapolation.ipynb) and by lesson 10's ALiBi comparison.
 """
 from __future__ import annotations
@@ -17,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention.layer import MultiHeadAttention, on_host
-from ..schemes.registry import make_scheme
+from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
+from ..schemes.registry import canonical_pe, make_scheme
 from ..utils import check_positive_int, check_token_tensor
 
 
@@ -44,6 +52,11 @@ class CausalLM(nn.Module):
     ``pe`` and ``options`` go to :func:`~posenc_lib.schemes.registry.make_scheme` with ``causal=True``;
     :meth:`set_scheme` swaps the scheme of a trained model (RoPE schemes hold no weights), which is
     how a RoPE model is read with a different ``scaling``.
+
+    ``pe`` as a list: one entry per layer (a name, ``(name, options)`` or ``(PositionScheme subclass,
+    options)``), for models whose layers differ in their positions; ``options`` must then be empty.
+    ``self.pos`` is the one scheme of a single-scheme model (``None`` otherwise); ``self.layer_pos`` holds
+    each layer's ``(scheme, index of the layer among that scheme's layers)``.
     """
 
     def __init__(self, vocab_size: int, pe: str, *, d_model: int, n_heads: int, num_layers: int,
@@ -58,8 +71,18 @@ class CausalLM(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.set_scheme(pe, **options)
 
-    def set_scheme(self, pe: str, **options) -> None:
-        self.pos = make_scheme(pe, *self.dims, causal=True, **options)
+    def set_scheme(self, pe, **options) -> None:
+        """One scheme for every layer (``pe`` a name), or one per layer (``pe`` a list; see the class)."""
+        if isinstance(pe, str):
+            self.pos = make_scheme(pe, *self.dims, causal=True, **options)
+            self.layer_schemes = None
+            self.layer_pos = [(self.pos, i) for i in range(self.dims[2])]
+            return
+        if options:
+            raise ValueError(f"with one position entry per layer, give each layer's options in its entry "
+                             f"('rope', {{...}}), not as keyword arguments; got {sorted(options)}")  # fmt: skip
+        self.pos = None
+        self.layer_schemes, self.layer_pos = _per_layer_schemes(pe, *self.dims)
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False):
         """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
@@ -70,14 +93,20 @@ class CausalLM(nn.Module):
             raise ValueError(f"tokens holds id {bad} outside the vocabulary: vocab_size={vocab}, valid ids 0..{vocab - 1}")
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.embed(tokens) * math.sqrt(self.dims[0])
-        code = self.pos.embed(positions)
-        if code is not None:
-            x = x + code
-        ctx = self.pos.prepare(positions, positions)
         weights = []
-        for i, block in enumerate(self.blocks):
-            x, w = block(x, self.pos, ctx, i, need_weights)
-            weights.append(w)
+        if self.pos is not None:  # one scheme for every layer
+            code = self.pos.embed(positions)
+            if code is not None:
+                x = x + code
+            ctx = self.pos.prepare(positions, positions)
+            for i, block in enumerate(self.blocks):
+                x, w = block(x, self.pos, ctx, i, need_weights)
+                weights.append(w)
+        else:  # a scheme per layer: each distinct scheme prepares its context once
+            ctxs = {id(s): s.prepare(positions, positions) for s in self.layer_schemes}
+            for block, (scheme, index) in zip(self.blocks, self.layer_pos):
+                x, w = block(x, scheme, ctxs[id(scheme)], index, need_weights)
+                weights.append(w)
         logits = self.norm(x) @ self.embed.weight.t()
         return (logits, weights) if need_weights else logits
 
@@ -90,3 +119,47 @@ class CausalLM(nn.Module):
             )
         logits = self(windows[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+
+
+def _per_layer_schemes(entries, d_model: int, n_heads: int, num_layers: int):
+    """``(schemes, layer_pos)`` for one position entry per layer (see :class:`CausalLM`).
+
+    Equal entries share one scheme built for as many layers as they cover; a scheme that adds to the
+    token embeddings (sinusoidal, learned) belongs to the whole model, not to a layer, and is refused.
+    """
+    if isinstance(entries, (bytes, dict)) or not hasattr(entries, "__len__"):
+        raise TypeError(f"pe must be a scheme name or a list with one entry per layer, got {type(entries).__name__}")
+    if len(entries) != num_layers:
+        raise ValueError(f"pe lists {len(entries)} layer entries; the model has num_layers={num_layers}")
+    keys = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, (str, type)):
+            name, options = entry, {}
+        elif isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[1], dict):
+            name, options = entry
+        else:
+            raise TypeError(f"layer {i}: an entry is a name, (name, options) or (PositionScheme subclass, options); "
+                            f"got {entry!r}")  # fmt: skip
+        if isinstance(name, type):
+            if not issubclass(name, PositionScheme):
+                raise TypeError(f"layer {i}: {name.__name__} is not a PositionScheme subclass")
+        else:
+            name = canonical_pe(name)
+        keys.append((name, repr(sorted(options.items())), options))
+    groups: dict[tuple, list[int]] = {}
+    for i, (name, frozen, _) in enumerate(keys):
+        groups.setdefault((name, frozen), []).append(i)
+    schemes, layer_pos = nn.ModuleList(), [None] * num_layers
+    for (name, _), layers in groups.items():
+        options = keys[layers[0]][2]
+        if isinstance(name, type):
+            scheme = name(d_model, n_heads, len(layers), True, **options)
+        else:
+            scheme = make_scheme(name, d_model, n_heads, len(layers), causal=True, **options)
+        if scheme.where == "input":
+            raise ValueError(f"layer {layers[0]}: {scheme.name!r} adds to the token embeddings, which every layer "
+                             f"reads; give it as pe={scheme.name!r} for the whole model, not per layer")  # fmt: skip
+        schemes.append(scheme)
+        for j, i in enumerate(layers):
+            layer_pos[i] = (scheme, j)
+    return schemes, layer_pos

@@ -1,27 +1,31 @@
 """Positional encoding schemes, one module per idea, in course order, and the registry.
 
-==================  ==============================================================  ========
-module              scheme                                                          lesson
-==================  ==============================================================  ========
-``absolute.py``     integer, normalised, binary, learned and hierarchical positions  02, 04
-``sinusoidal.py``   Vaswani et al.'s sin/cos code (and its 2-D form)                 03
-``shaw.py``         Shaw et al.'s clipped relative tables                            05
-``rotary.py``       RoPE                                                             06
-``rope_scaling.py`` RoPE's frequency rescalings: PI, NTK, YaRN, Llama 3               06, 14
-``t5.py``           T5's bucketed relative bias                                      07
-``xlnet.py``        Transformer-XL / XLNet relative scores                           08
-``deberta.py``      DeBERTa's disentangled attention                                 09
-``alibi.py``        ALiBi's linear biases                                            10
-``urpe.py``         Universal RPE                                                    11
-``floater.py``      FLOATER                                                          11
-``complex_order.py`` complex-order embeddings                                        11
-``twod.py``         2-D positions for image patches                                  11
-``xpos.py``         xPos: RoPE with a per-pair exponential decay                     11
-``fire.py``         FIRE: an MLP of the log-warped, normalised distance              11
-``cope.py``         CoPE: positions counted by gates, in units the query chooses     11
-``kerple.py``       Kerple's learned log and power kernels                           11
-``registry.py``     ``PE_TYPES``, ``SURVEY_TYPES``, ``make_scheme``: every scheme    all
-==================  ==============================================================  ========
+====================  =========================================================================  ==========
+module                scheme                                                                     lesson
+====================  =========================================================================  ==========
+``absolute.py``       integer, normalised, binary, learned and hierarchical positions            02, 04
+``sinusoidal.py``     Vaswani et al.'s sin/cos code (and its 2-D form)                           03
+``shaw.py``           Shaw et al.'s clipped relative tables                                      05
+``rotary.py``         RoPE                                                                       06
+``rope_scaling.py``   RoPE's frequency rescalings: PI, NTK, YaRN, Llama 3, LongRoPE, p-RoPE      06, 14, 15
+``t5.py``             T5's bucketed relative bias                                                07
+``xlnet.py``          Transformer-XL / XLNet relative scores                                     08
+``deberta.py``        DeBERTa's disentangled attention                                           09
+``alibi.py``          ALiBi's linear biases                                                      10
+``urpe.py``           Universal RPE                                                              11
+``floater.py``        FLOATER                                                                    11
+``complex_order.py``  complex-order embeddings                                                   11
+``twod.py``           2-D positions for image patches                                            11
+``xpos.py``           xPos: RoPE with a per-pair exponential decay                               11
+``fire.py``           FIRE: an MLP of the log-warped, normalised distance                        11
+``cope.py``           CoPE: positions counted by gates, in units the query chooses               11
+``kerple.py``         Kerple's learned log and power kernels                                     11
+``rope_spectrum.py``  partial rotary (NeoX vs p-RoPE), full turns, the base's bound              15
+``rope_layers.py``    positions per layer: local/global bases, RoPE/NoPE, Llama 4's temperature  15
+``mla.py``            multi-head latent attention with decoupled RoPE; KV-cache sizes            15
+``mrope.py``          multimodal RoPE (Qwen2-VL chunked, Qwen3-VL interleaved)                   15
+``registry.py``       ``PE_TYPES``, ``SURVEY_TYPES``, ``make_scheme``: every scheme by name      all
+====================  =========================================================================  ==========
 
 Each scheme is a :class:`~posenc_lib.attention.layer.PositionScheme` that overrides only the hooks it needs.
 """

@@ -32,6 +32,26 @@ angles the model has (nearly) seen:
   are divided by ``s``, with a smooth blend in between (a ramp in ``L / lambda``, the number of
   turns in the original context).
 
+* **longrope** -- LongRoPE (Ding, Zhang, Zhang, Xu, Shang, Xu, Yang & Yang 2024, "LongRoPE: Extending
+  LLM Context Window Beyond 2 Million Tokens", arXiv:2402.13753; Phi-3, arXiv:2404.14219): one rescale
+  factor per frequency, found by search instead of a formula.  Two sets: ``short_factor`` while the
+  sequence fits the original length ``L``, ``long_factor`` beyond it (the whole sequence switches)::
+
+      theta'_k = theta_k / lambda_k,   lambda = short_factor if n <= L else long_factor
+
+  and cos and sin are multiplied by ``sqrt(1 + ln s / ln L)`` (unless ``attention_factor`` is given).
+
+* **proportional** -- p-RoPE (Barbero, Vitvitskyi, Perivolaropoulos, Pascanu & Velickovic 2024,
+  "Round and Round We Go! What makes Rotary Positional Encodings useful?", arXiv:2410.06205; Gemma 4's
+  global layers): not a context extension but a cut.  Keep the full head's ladder
+  ``theta_k = base^(-2k/d)`` for the fastest ``int(p * d // 2)`` pairs and set the slowest ones to
+  zero (an angle of zero: those pairs carry no position)::
+
+      theta'_k = theta_k / s  if k < int(p * d // 2)  else 0
+
+  Not the same as GPT-NeoX's partial rotary (``RotaryScheme(rotary_dim=...)``), which rotates the
+  first ``r`` dimensions with a ladder ``base^(-2k/r)`` spread over those ``r`` dimensions.
+
 The ``scaling`` dictionaries use the ``rope_type`` convention of ``transformers``
 (``config.rope_parameters``), and :func:`scaled_rope_frequencies` equals
 ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type]`` (tested).  It returns the new
@@ -41,7 +61,8 @@ Partial rotary (GPT-NeoX, Phi): rotate only the first ``rotary_dim`` of the ``he
 dimensions; then ``head_dim`` here is ``rotary_dim``.  ``RotaryScheme(..., scaling=...,
 rotary_dim=...)`` in rotary.py uses both, KV cache included.
 
-Taught in notebooks/14_long_context.ipynb.
+Taught in notebooks/14_long_context.ipynb (linear, dynamic, yarn, llama3) and
+notebooks/15_rope_in_llms.ipynb (longrope, proportional).
 """
 from __future__ import annotations
 
@@ -63,7 +84,12 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
          "truncate": True},
     ),  # fmt: skip
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), {}),
+    "longrope": (("factor", "original_max_position_embeddings", "short_factor", "long_factor"), {"attention_factor": None}),
+    "proportional": ((), {"factor": 1.0, "partial_rotary_factor": 1.0}),
 }
+
+#: the rope types whose frequencies depend on the current length (recomputed per call, not cached)
+LENGTH_DEPENDENT = ("dynamic", "longrope")
 
 
 def _number(rope_type: str, key: str, value: Any, *, minimum: float = 0.0, inclusive: bool = False) -> float:
@@ -119,6 +145,21 @@ def check_scaling(scaling: dict | None) -> dict | None:
         for k in ("attention_factor", "mscale", "mscale_all_dim"):
             if out[k] is not None:
                 out[k] = _number(rope_type, k, out[k])
+    if rope_type == "longrope":
+        for k in ("short_factor", "long_factor"):
+            v = out[k]
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) == 0:
+                raise ValueError(f"scaling[{k!r}] for rope_type 'longrope' must be a non-empty list of numbers "
+                                 f"(one per rotation pair, head_dim // 2 of them), got {v!r}")  # fmt: skip
+            out[k] = tuple(_number(rope_type, f"{k}[{i}]", x) for i, x in enumerate(v))
+        if out["attention_factor"] is not None:
+            out["attention_factor"] = _number(rope_type, "attention_factor", out["attention_factor"])
+    if rope_type == "proportional":
+        out["partial_rotary_factor"] = _number(rope_type, "partial_rotary_factor", out["partial_rotary_factor"],
+                                               inclusive=True)  # fmt: skip
+        if out["partial_rotary_factor"] > 1:
+            raise ValueError(f"scaling['partial_rotary_factor'] for rope_type 'proportional' is the fraction of "
+                             f"pairs that rotate, in [0, 1]; got {out['partial_rotary_factor']!r}")  # fmt: skip
     if rope_type == "llama3":
         lo = _number(rope_type, "low_freq_factor", out["low_freq_factor"])
         hi = _number(rope_type, "high_freq_factor", out["high_freq_factor"])
@@ -162,11 +203,12 @@ def scaled_rope_frequencies(
 
     ``head_dim``: dimensions that rotate (``rotary_dim`` for partial rotary), even.
     ``scaling``: ``None`` (plain RoPE, ``theta_k = base^(-2k/d)``) or a dict with ``rope_type`` in
-    ``linear``, ``dynamic``, ``yarn``, ``llama3`` and that type's keys (see :data:`ROPE_TYPES`).
-    ``seq_len``: the current length, used by ``dynamic`` only (an int, or a 0-d tensor so that no
-    value has to leave the device); ``None`` means the training length, i.e. no scaling yet.
+    ``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, ``proportional`` and that type's keys
+    (see :data:`ROPE_TYPES`).
+    ``seq_len``: the current length, used by ``dynamic`` and ``longrope`` only (an int, or a 0-d tensor
+    so that no value has to leave the device); ``None`` means the training length, i.e. no scaling yet.
     Returns ``inv_freq (head_dim // 2,)`` float32 and the float ``attention_scale`` that
-    multiplies cos and sin (1 except for YaRN).
+    multiplies cos and sin (1 except for YaRN and LongRoPE).
     """
     head_dim = check_even("head_dim", head_dim)
     if isinstance(base, bool) or not isinstance(base, Real) or not base > 1:
@@ -203,6 +245,25 @@ def scaled_rope_frequencies(
         else:
             scale = yarn_mscale(s)
         return inv_freq, float(scale)
+    if rope_type == "proportional":
+        rotated = int(scaling["partial_rotary_factor"] * head_dim // 2)  # transformers' rounding, exactly
+        return torch.cat((inv_freq[:rotated], torch.zeros_like(inv_freq[rotated:]))) / s, 1.0
+    if rope_type == "longrope":
+        L = scaling["original_max_position_embeddings"]
+        for k in ("short_factor", "long_factor"):
+            if len(scaling[k]) != head_dim // 2:
+                raise ValueError(f"scaling[{k!r}] for rope_type 'longrope' has {len(scaling[k])} factors; "
+                                 f"head_dim={head_dim} has {head_dim // 2} rotation pairs, one factor each")  # fmt: skip
+        scale = scaling["attention_factor"]
+        if scale is None:
+            scale = 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(L))
+        short = torch.tensor(scaling["short_factor"], dtype=torch.float32, device=inv_freq.device)
+        long = torch.tensor(scaling["long_factor"], dtype=torch.float32, device=inv_freq.device)
+        if isinstance(seq_len, torch.Tensor):  # pick the set on the device, without reading seq_len back
+            ext = torch.where(seq_len > L, long, short)
+        else:
+            ext = long if seq_len is not None and int(seq_len) > L else short
+        return 1.0 / (ext * base**exponents), float(scale)
     # llama3
     L = scaling["original_max_position_embeddings"]
     lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .rope_scaling import check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401 (re-exported)
+from .rope_scaling import LENGTH_DEPENDENT, check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401
 from ..utils import check_even, check_float_range, check_float_tensor
 
 
@@ -124,8 +124,8 @@ class RotaryCache(nn.Module):
     """cos/sin tables cached per (length, device), grown on demand; float32 phases.
 
     ``scaling``: a context-extension dict (see posenc_lib/schemes/rope_scaling.py); the tables then hold the
-    scaled frequencies, times YaRN's attention scale.  ``dynamic`` scaling depends on the current
-    length ``seq_len`` and is computed per call instead of cached.
+    scaled frequencies, times YaRN's or LongRoPE's attention scale.  ``dynamic`` and ``longrope`` depend on
+    the current length ``seq_len`` and are computed per call instead of cached.
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0, interleaved: bool = True, scaling: dict | None = None):
@@ -141,9 +141,9 @@ class RotaryCache(nn.Module):
     def forward(self, positions: torch.Tensor, seq_len: torch.Tensor | int | None = None):
         """``positions (seq,)`` -> ``cos, sin`` each ``(seq, head_dim)`` float32.
 
-        ``seq_len``: the current total length, read by ``dynamic`` scaling only.
+        ``seq_len``: the current total length, read by ``dynamic`` and ``longrope`` scaling only.
         """
-        if self.scaling is not None and self.scaling["rope_type"] == "dynamic":
+        if self.scaling is not None and self.scaling["rope_type"] in LENGTH_DEPENDENT:
             return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling, seq_len)
         if positions.device.type != "cpu":
             # growing the table reads positions.max() back, which would stall an accelerator on
@@ -168,11 +168,12 @@ from ..attention.layer import PositionScheme  # noqa: E402
 class RotaryScheme(PositionScheme):
     """Rotates queries and keys of every self-attention layer; keys are cached already rotated.
 
-    ``scaling``: a context-extension dict (``rope_type`` linear, dynamic, yarn or llama3; see
-    posenc_lib/schemes/rope_scaling.py).  With ``dynamic`` the frequencies follow the length seen so far
+    ``scaling``: a frequency-changing dict (``rope_type`` linear, dynamic, yarn, llama3, longrope or
+    proportional; see posenc_lib/schemes/rope_scaling.py).  With ``dynamic`` the frequencies follow the length seen so far
     (``k_pos`` max + 1): a full forward rotates every token with the frequencies of its whole
     length, while a cached key keeps the rotation of the step that cached it (as in
-    ``transformers``), so cached and uncached decoding agree only up to the training length.
+    ``transformers``), so cached and uncached decoding agree only up to the training length; ``longrope``
+    switches from its short to its long factors the same way.
     ``rotary_dim``: rotate only the first ``rotary_dim`` dimensions of each head (partial
     rotary, GPT-NeoX); the rest carry no position.
     """
