@@ -87,7 +87,7 @@ def test_calibrate_two_processes_on_the_cpu_and_the_command_it_prints(tmp_path):
     assert res["memory"] == {"gpu_gib": None, "reserved_gib_all_jobs": None, "fits": None}
     # the projection uses the measured figures
     p = project(res["schemes"], ["none", "shaw"], [0, 1], 2, prof, prof.max_steps, res["decode_scale"], res["load_s"])
-    assert res["projection"]["wall_min"] == round(p["wall_s"] / 60, 2)
+    assert abs(res["projection"]["wall_min"] - p["wall_s"] / 60) <= 0.006  # wall_s is itself rounded to 0.1 s
     steps = [f["max_steps"] for f in res["fits"]]
     assert all(s is not None for s in steps) and steps[0] >= steps[1] >= steps[2]
     assert res["max_steps_for_seeds"] == steps[1] and all(f["wall_min"] <= 1.0 for f in res["fits"])

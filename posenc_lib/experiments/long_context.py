@@ -429,6 +429,24 @@ def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, s
 
 
 # -- command line ---------------------------------------------------------------------------------
+def parse_selection(p, a, valid: list[str]) -> tuple[list[int], list[str]]:
+    """``--seeds``, ``--models`` and ``--jobs`` of a character-LM command line, checked: bad values end the
+    command through ``p.error`` with one line naming the value and the valid choices."""
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
+    if not seeds:
+        p.error("--seeds is empty")
+    names = valid if a.models == "all" else [m.strip() for m in a.models.split(",") if m.strip()]
+    bad = [m for m in names if m not in valid]
+    if bad or not names:
+        p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
+    if a.jobs < 1:
+        p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    return seeds, names
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = CliParser(prog="python -m posenc_lib.experiments.long_context", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
@@ -443,19 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="accepted for clarity: finished result files are always skipped")  # fmt: skip
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
-    if not seeds:
-        p.error("--seeds is empty")
-    valid = list(models(cfg))
-    names = valid if a.models == "all" else [m.strip() for m in a.models.split(",") if m.strip()]
-    bad = [m for m in names if m not in valid]
-    if bad or not names:
-        p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
-    if a.jobs < 1:
-        p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    seeds, names = parse_selection(p, a, list(models(cfg)))
     out = a.out or f"runs/longctx-{a.profile}"
     for flag, folder in (("--out", out), ("--ckpt", a.ckpt)):
         if Path(folder).exists() and not Path(folder).is_dir():

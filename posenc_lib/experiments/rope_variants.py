@@ -185,19 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="accepted for clarity: finished result files are always skipped")  # fmt: skip
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
-    if not seeds:
-        p.error("--seeds is empty")
-    valid = list(models(cfg))
-    names = valid if a.models == "all" else [m.strip() for m in a.models.split(",") if m.strip()]
-    bad = [m for m in names if m not in valid]
-    if bad or not names:
-        p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
-    if a.jobs < 1:
-        p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    seeds, names = lc.parse_selection(p, a, list(models(cfg)))
     if a.time_updates < 0:
         p.error(f"--time-updates must be >= 0, got {a.time_updates}")
     if a.time_updates:
