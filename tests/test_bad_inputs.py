@@ -190,7 +190,7 @@ _LMS: dict[str, torch.nn.Module] = {}
 @given(pe=st.sampled_from(ALL_TYPES), tokens=token_tensors(2))
 def test_causal_lm_inputs(pe, tokens):
     """The long-context lesson's decoder-only model: the same contract for its one input."""
-    from posenc_lib.experiments.long_context import CausalLM
+    from posenc_lib.models.causal_lm import CausalLM
 
     if pe not in _LMS:
         torch.manual_seed(0)

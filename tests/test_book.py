@@ -64,6 +64,10 @@ def test_every_lesson_and_module_has_a_page(site):
     warnings = (OUT / "warnings.txt").read_text()
     assert "failed to import" not in warnings, warnings[:2000]
     assert "xref_missing" not in warnings, warnings[:2000]  # a link to a page or file that is not there
+    # any docutils or Sphinx warning (a broken docstring markup renders as red "problematic" text)
+    assert not re.search(r"\b(WARNING|ERROR|CRITICAL)\b", warnings), warnings[:2000]
+    for page in _pages(site):
+        assert 'class="problematic"' not in page.read_text(encoding="utf-8"), f"{page}: markup error on the page"
 
 
 def test_home_page_is_the_readme_and_pages_link_to_each_other(site):

@@ -200,7 +200,7 @@ def test_every_lesson_sets_up_without_a_warning_even_on_one_core(monkeypatch, ke
 
 @pytest.mark.parametrize("shape", [(0, 9), (2, 1), (8,)])
 def test_causal_lm_loss_refuses_windows_without_a_next_character(shape):
-    from posenc_lib.experiments.long_context import CausalLM
+    from posenc_lib.models.causal_lm import CausalLM
 
     lm = CausalLM(20, "rope", d_model=16, n_heads=2, num_layers=1, dim_feedforward=32)
     with pytest.raises(ValueError, match=r"windows must be \(batch >= 1, T \+ 1 >= 2\).*got shape"):

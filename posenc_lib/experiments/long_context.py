@@ -484,5 +484,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["LongContextConfig", "CausalLM", "PROFILES", "METHODS", "scalings", "models", "run_all", "load_results",
+__all__ = ["LongContextConfig", "PROFILES", "METHODS", "scalings", "models", "run_all", "load_results",
            "summarize", "evaluate"]  # fmt: skip

@@ -65,7 +65,7 @@ def _raw_bytes(path: Path) -> bytes:
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 text file (plain, .xz or .gz), without line ends (``\n`` or ``\r\n``).
+    r"""All lines of a UTF-8 text file (plain, .xz or .gz), without line ends (``\n`` or ``\r\n``).
 
     A carriage return or another line-break character inside a line becomes a space (see
     :func:`posenc_lib.utils.one_line`), so a sentence stays one line in every file written from it.
