@@ -62,3 +62,46 @@ def test_bleu_by_length_averages_the_seeds():
     assert sum(r["sentences"] for r in rows) == 3003
     for r in rows:
         assert r["bleu"] == pytest.approx(sum(r["bleu_by_seed"].values()) / 2)
+
+
+def test_degenerate_repetition_is_found_and_ordinary_text_is_not():
+    from posenc_lib.experiments.wmt14.evaluate import degenerate, repetition_rate
+
+    # the failures of undertrained models, as they appeared in an early run's samples
+    for bad, part in [("than than than than", "than than than than"), ("Mr Titititititit", "itititititit"),
+                      ("Accccccccc", "ccccccccc"), ("signs in in in Indonesia", "in in in")]:
+        assert degenerate(bad) == part
+    for ok in ["in in Indonesia", "I had had a bad day", "Mississippi and banana", "1000000 euros", "Wait.....",
+               "The Commission would be able to do so."]:
+        assert degenerate(ok) is None, ok
+    assert repetition_rate(["a b c", "no no no", "fine", "x x x x"]) == 0.5
+    with pytest.raises(TypeError, match="one output string"):
+        degenerate(["a list"])
+    with pytest.raises(ValueError):
+        repetition_rate([])
+
+
+def test_seed_stats_reads_the_short_sources_and_names_bad_metrics():
+    results = read_json(RUN / "results.json")
+    short = R.seed_stats(results, "newstest2014", "short_bleu")
+    for pe, st in short.items():
+        vals = [r["tests"]["newstest2014"]["short_sources"]["bleu"] for r in results["models"][pe].values()]
+        assert st["mean"] == pytest.approx(sum(vals) / len(vals))
+    assert R.seed_stats(results, "heldout", "short_bleu") == {}  # only newstest2014 has the short subset
+    with pytest.raises(ValueError, match="short_chrf"):
+        R.seed_stats(results, "heldout", "long_bleu")
+
+
+def test_plot_seed_bars_draws_mean_interval_and_seeds():
+    from matplotlib.figure import Figure
+
+    results = read_json(RUN / "results.json")
+    ax = Figure().subplots()
+    drawn = R.plot_seed_bars(ax, results, "heldout", "bleu", schemes=["none", "rope"])
+    assert list(drawn) == ["none", "rope"]
+    heights = [p.get_height() for p in ax.patches]
+    assert heights == pytest.approx([drawn["none"]["mean"], drawn["rope"]["mean"]])
+    dots = [y for line in ax.lines for y in line.get_ydata() if line.get_marker() == "."]
+    assert sorted(dots) == sorted(v for pe in drawn for v in drawn[pe]["values"].values())
+    with pytest.raises(ValueError, match="no scheme"):
+        R.plot_seed_bars(ax, results, "heldout", "bleu", schemes=["xpos"])

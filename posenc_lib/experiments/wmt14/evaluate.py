@@ -21,6 +21,7 @@ Used by ``python -m posenc_lib.experiments.wmt14``; results shown in notebooks/1
 from __future__ import annotations
 
 import random
+import re
 
 import torch
 
@@ -84,6 +85,29 @@ def shuffle_words(lines: list[str], seed: int = 0) -> list[str]:
         rng.shuffle(words)
         out.append(" ".join(words))
     return out
+
+
+#: a word said three times in a row ("than than than"), a letter five times ("Accccc"), a syllable of 2-4
+#: letters three times ("Titititit")
+_REPEAT_WORD = re.compile(r"(?<!\S)(\S+)(?:\s+\1){2,}(?!\S)")
+_REPEAT_CHAR = re.compile(r"([^\W\d_])\1{4,}")
+_REPEAT_SYLLABLE = re.compile(r"([^\W\d_]{2,4})\1{2,}")
+
+
+def degenerate(text: str) -> str | None:
+    """The degenerate repetition in one output, or None: a word three or more times in a row
+    ("than than than"), a letter five or more times ("Accccc") or a syllable of two to four letters three or
+    more times ("Titititit").  Digits and punctuation runs ("1000", "...") are not counted."""
+    if not isinstance(text, str):
+        raise TypeError(f"degenerate() takes one output string, got {type(text).__name__}")
+    m = _REPEAT_WORD.search(text) or _REPEAT_CHAR.search(text) or _REPEAT_SYLLABLE.search(text)
+    return m.group(0) if m else None
+
+
+def repetition_rate(hyps: list[str]) -> float:
+    """The fraction of outputs with a degenerate repetition (:func:`degenerate`)."""
+    n = _check_corpus("hyps", hyps)
+    return sum(degenerate(h) is not None for h in hyps) / n
 
 
 def _check_corpus(name: str, lines, n: int | None = None) -> int:

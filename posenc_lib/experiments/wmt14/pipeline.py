@@ -733,13 +733,14 @@ def plot_bleu_by_length(ax, rows_by_pe: dict[str, list[dict]], test: str) -> Non
     ax.legend()
 
 
-def plot_curves(ax, results: dict, x: str = "step") -> None:
-    """Validation loss against ``x`` (``step`` or ``wall_s``), one line per scheme and seed."""
-    pes = list(results["models"])
+def plot_curves(ax, results: dict, x: str = "step", schemes: list[str] | None = None) -> None:
+    """Validation loss against ``x`` (``step`` or ``wall_s``), one line per scheme and seed (the first seed solid,
+    then dashed, dotted, dash-dotted); ``schemes`` picks some of the run's schemes (default all)."""
+    pes = [pe for pe in results["models"] if schemes is None or pe in schemes]
     for k, pe in enumerate(pes):
-        for j, (seed, r) in enumerate(sorted(results["models"][pe].items())):
+        for j, (seed, r) in enumerate(sorted(results["models"][pe].items(), key=lambda item: int(item[0]))):
             pts = [(row[x], row["val_loss"]) for row in r["curve"] if row["val_loss"] is not None]
-            ax.plot(*zip(*pts), color=scheme_color(k, len(pes)), ls="-" if j == 0 else "--",
+            ax.plot(*zip(*pts), color=scheme_color(k, len(pes)), ls=("-", "--", ":", "-.")[j % 4],
                     label=pe if j == 0 else None, marker=".")
     ax.set_xlabel("update" if x == "step" else "training wall time (s)")
     ax.set_ylabel("dev NLL per target token (nats)")

@@ -42,15 +42,27 @@ def interval95(values: list[float]) -> tuple[float, float]:
     return mean, t_quantile_975(n - 1) * sd / math.sqrt(n)
 
 
+#: the metrics :func:`seed_stats` reads from each model's results (``short_*``: sources within the training length)
+METRICS = ("bleu", "chrf", "bertscore_f1", "shuffled", "short_bleu", "short_chrf")
+METRIC_LABELS = {"bleu": "BLEU", "chrf": "chrF", "bertscore_f1": "BERTScore F1 (MiniLM)", "shuffled": "BLEU, shuffled source",
+                 "short_bleu": "BLEU, sources within training length", "short_chrf": "chrF, sources within training length"}
+
+
 def _metric(res: dict, metric: str):
-    return res["shuffled_source"]["bleu"] if metric == "shuffled" else res.get(metric)
+    if metric == "shuffled":
+        return res.get("shuffled_source", {}).get("bleu")
+    if metric.startswith("short_"):
+        return res.get("short_sources", {}).get(metric[len("short_"):])
+    return res.get(metric)
 
 
 def seed_stats(results: dict, test: str = "heldout", metric: str = "bleu") -> dict[str, dict]:
-    """``{scheme: {"values": {seed: v}, "mean", "ci95", "n", "min", "max"}}`` of one metric (``bleu``, ``chrf``,
-    ``bertscore_f1``, ``shuffled``) over the seeds each scheme has; ``ci95`` is the half-width (nan for one seed)."""
+    """``{scheme: {"values": {seed: v}, "mean", "ci95", "n", "min", "max"}}`` of one metric (:data:`METRICS`:
+    ``bleu``, ``chrf``, ``bertscore_f1``, ``shuffled`` or, on newstest2014, ``short_bleu``/``short_chrf`` for the
+    sources within the training length) over the seeds each scheme has; ``ci95`` is the half-width of the 95%
+    t-interval of the mean (nan for one seed).  Schemes without the metric are left out."""
     check_choice("test", test, TESTS)
-    check_choice("metric", metric, ("bleu", "chrf", "bertscore_f1", "shuffled"))
+    check_choice("metric", metric, METRICS)
     out = {}
     for pe, by_seed in results["models"].items():
         vals = {int(s): _metric(r["tests"][test], metric) for s, r in by_seed.items()}
@@ -148,3 +160,24 @@ def bleu_by_length_over_seeds(run_dir, test: str = "newstest2014", edges=(1, 11,
                          "bleu": sum(vals.values()) / len(vals), "bleu_by_seed": vals})
         out[pe] = rows
     return out
+
+
+def plot_seed_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu", schemes: list[str] | None = None) -> dict:
+    """Bars of the mean over seeds with the 95% t-interval (none for one seed) and a dot per seed; returns
+    :func:`seed_stats`' answer for the schemes drawn (``schemes``, default all that have the metric)."""
+    from .pipeline import scheme_color
+
+    stats = seed_stats(results, test, metric)
+    pes = [pe for pe in (schemes or list(stats)) if pe in stats]
+    if not pes:
+        raise ValueError(f"no scheme of {schemes or list(results['models'])} has {metric!r} on {test!r}")
+    for k, pe in enumerate(pes):
+        st = stats[pe]
+        ax.bar(k, st["mean"], color=scheme_color(k, len(pes)), alpha=0.8,
+               yerr=None if math.isnan(st["ci95"]) else st["ci95"], capsize=4)
+        vals = list(st["values"].values())
+        ax.plot([k + 0.18 * (j - (len(vals) - 1) / 2) for j in range(len(vals))], vals, "k.", ms=5)
+    ax.set_xticks(range(len(pes)), pes)
+    ax.set_ylabel(METRIC_LABELS[metric])
+    ax.set_title(f"{METRIC_LABELS[metric]}\non {test}", fontsize=10)
+    return {pe: stats[pe] for pe in pes}
