@@ -1,4 +1,4 @@
-"""posenc_lib.experiments.wmt14.report on the committed CPU run: statistics over seeds, per-seed bootstrap,
+"""posenc_lib.experiments.wmt14.report on the committed laptop run: statistics over seeds, per-seed bootstrap,
 the sentences within the training length, BLEU by length over seeds."""
 import math
 import shutil
@@ -10,7 +10,8 @@ from posenc_lib.experiments.wmt14 import report as R
 from posenc_lib.experiments.wmt14 import summarize
 from posenc_lib.utils import read_json
 
-RUN = Path(__file__).resolve().parents[1] / "results" / "wmt14-cpu"
+RUN = Path(__file__).resolve().parents[1] / "results" / "wmt14-laptop"
+FOUR = ["none", "sinusoidal", "shaw", "rope"]
 
 
 def test_interval95_matches_the_t_distribution():
@@ -29,7 +30,7 @@ def test_seed_stats_agree_with_summarize():
     results = read_json(RUN / "results.json")
     stats = R.seed_stats(results, "heldout", "bleu")
     for pe, (mean, std, n) in summarize(results, "heldout", "bleu").items():
-        assert stats[pe]["mean"] == pytest.approx(mean) and stats[pe]["n"] == n == 2
+        assert stats[pe]["mean"] == pytest.approx(mean) and stats[pe]["n"] == n == len(results["models"][pe])
         assert stats[pe]["min"] <= mean <= stats[pe]["max"]
     with pytest.raises(ValueError, match="valid choices"):
         R.seed_stats(results, "heldout", "bleuu")
@@ -37,31 +38,55 @@ def test_seed_stats_agree_with_summarize():
 
 def test_bootstrap_runs_for_every_seed_and_is_cached(tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("figures"))
-    by_seed = R.bootstrap_by_seed(run, n_samples=20)
-    assert sorted(by_seed) == [0, 1]
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("figures", "bootstrap_by_seed.*"))
+    by_seed = R.bootstrap_by_seed(run, n_samples=20, schemes=FOUR)
+    assert sorted(by_seed) == [0, 1] or sorted(by_seed) == [0, 1, 2]
     for rows in by_seed.values():
         assert {(r["baseline"], r["system"]) for r in rows} >= {("none", "rope"), ("sinusoidal", "shaw")}
         assert all(0 <= r["bleu_p"] <= 1 for r in rows)
     assert (run / "bootstrap_by_seed.heldout.json").is_file()
-    assert R.bootstrap_by_seed(run, n_samples=20) == by_seed  # read back, not recomputed
+    assert R.bootstrap_by_seed(run, n_samples=20, schemes=FOUR) == by_seed  # read back, not recomputed
     (run / "rope-seed1" / "hyp.heldout.txt").write_text("x\n" * 2000)  # changed inputs: recomputed
-    again = R.bootstrap_by_seed(run, n_samples=20)
+    again = R.bootstrap_by_seed(run, n_samples=20, schemes=FOUR)
     assert again[1] != by_seed[1] and again[0] == by_seed[0]
+
+
+def test_committed_bootstrap_cache_matches_the_committed_hypotheses(monkeypatch, tmp_path):
+    """Lesson 17 reads the per-seed bootstrap from its cache: the cache must answer for today's files."""
+    results = read_json(RUN / "results.json")
+    cached = read_json(RUN / "bootstrap_by_seed.heldout.json")
+    assert cached["n_samples"] == results["config"]["profile"]["bootstrap_samples"] == 1000
+    seeds = sorted({int(s) for pe in FOUR for s in results["models"][pe]})
+    assert sorted(int(s) for s in cached["seeds"]) == seeds
+    # the digest covers the resample count, the schemes, every hypothesis and the references: recomputing is not
+    # needed when they agree, so reading it back must not call the bootstrap
+    run = tmp_path / "run"  # a copy: a stale cache must not be rewritten in the repository by this test
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("figures"))
+    calls = []
+    monkeypatch.setattr(R, "paired_bootstrap", lambda *a, **k: calls.append(1) or [])
+    again = R.bootstrap_by_seed(run, "heldout", schemes=FOUR, cache=True)
+    assert calls == [] and sorted(again) == seeds
 
 
 def test_within_training_length_keeps_the_short_sources():
     w = R.within_training_length(RUN)
     assert w["total"] == 3003 and w["max_tokens"] == 24
     assert 0.2 < w["n"] / w["total"] < 0.35  # most newstest2014 sources are longer than 24 tokens
-    assert set(w["models"]) == {"none", "sinusoidal", "shaw", "rope"} and set(w["models"]["rope"]) == {0, 1}
+    results = read_json(RUN / "results.json")
+    assert set(w["models"]) == set(results["models"])
+    for pe, by_seed in w["models"].items():
+        assert set(by_seed) == {int(s) for s in results["models"][pe]}
+        for seed, scores in by_seed.items():  # the pipeline scored the same subset when the model finished
+            short = results["models"][pe][str(seed)]["tests"]["newstest2014"]["short_sources"]
+            assert short["sentences"] == w["n"] and scores["bleu"] == pytest.approx(short["bleu"], abs=0.01)
 
 
 def test_bleu_by_length_averages_the_seeds():
     rows = R.bleu_by_length_over_seeds(RUN)["rope"]
     assert sum(r["sentences"] for r in rows) == 3003
     for r in rows:
-        assert r["bleu"] == pytest.approx(sum(r["bleu_by_seed"].values()) / 2)
+        assert r["bleu"] == pytest.approx(sum(r["bleu_by_seed"].values()) / len(r["bleu_by_seed"]))
+    assert len(rows[0]["bleu_by_seed"]) == len(read_json(RUN / "results.json")["models"]["rope"])
 
 
 def test_degenerate_repetition_is_found_and_ordinary_text_is_not():
