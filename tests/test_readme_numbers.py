@@ -141,53 +141,69 @@ def test_readme_quotes_the_noise_at_the_shortest_length():
     assert f"a step takes only {train['none']['median_s']:.2f} s" in section
 
 
-WMT14 = ROOT / "results" / "wmt14-cpu" / "results.json"
-# README column -> (test set, metric, decimals) as summarised by posenc_lib.experiments.wmt14.summarize
+WMT14 = ROOT / "results" / "wmt14-laptop"
+FOUR = ["none", "sinusoidal", "shaw", "rope"]
+# README column -> (test set, metric, decimals) as summarised by posenc_lib.experiments.wmt14.report.seed_stats
 WMT14_COLUMNS = [("heldout", "bleu", 1), ("heldout", "shuffled", 1), ("heldout", "chrf", 1),
-                 ("heldout", "bertscore_f1", 3), ("newstest2014", "bleu", 1), ("newstest2014", "chrf", 1)]
+                 ("heldout", "bertscore_f1", 3), ("newstest2014", "bleu", 1), ("newstest2014", "short_bleu", 1)]
+
+
+def _wmt14_section() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.split("### Lesson 17 results", 1)[1].split("\n#", 1)[0]
 
 
 def test_readme_wmt14_table_matches_results():
-    from posenc_lib.experiments.wmt14 import summarize
+    from posenc_lib.experiments.wmt14.report import seed_stats
 
-    results = json.loads(WMT14.read_text())
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("### Lesson 17 results", 1)[1].split("\n#", 1)[0]
+    results = json.loads((WMT14 / "results.json").read_text())
     rows = {}
-    for line in section.splitlines():
+    for line in _wmt14_section().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 1 + len(WMT14_COLUMNS) and cells[0].strip("`") in results["models"]:
+        if len(cells) == 2 + len(WMT14_COLUMNS) and cells[0].strip("`") in results["models"]:
             rows[cells[0].strip("`")] = cells[1:]
     assert set(rows) == set(results["models"]), f"README rows {sorted(rows)} vs results {sorted(results['models'])}"
     for pe, cells in rows.items():
-        for cell, (test, metric, nd) in zip(cells, WMT14_COLUMNS):
-            mean, std, n = summarize(results, test, metric)[pe]
-            shown = [float(x) for x in re.findall(r"[\d.]+", cell)]
-            assert shown[0] == round(mean, nd), (pe, test, metric, cell, mean)
-            if n > 1:
-                assert shown[1] == round(std, nd), (pe, test, metric, cell, std)
+        assert cells[0] == ",".join(sorted(results["models"][pe], key=int)), (pe, cells[0])
+        for cell, (test, metric, nd) in zip(cells[1:], WMT14_COLUMNS):
+            st = seed_stats(results, test, metric)[pe]
+            want = f"{st['mean']:.{nd}f}" + ("" if st["n"] == 1 else f" ± {st['ci95']:.{nd}f}")
+            assert cell == want, (pe, test, metric, cell, want)
 
 
 def test_readme_wmt14_prose_matches_results():
-    """The sentences under the README's WMT14 table quote results.json too."""
-    results = json.loads(WMT14.read_text())
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split("### Lesson 17 results", 1)[1].split("\n#", 1)[0]
-    section = " ".join(section.split())
+    """The sentences under the README's WMT14 table quote results.json and the per-seed bootstrap."""
+    from posenc_lib.experiments.wmt14.report import seed_stats
+
+    results = json.loads((WMT14 / "results.json").read_text())
+    section = " ".join(_wmt14_section().split())
     models = results["models"]
-    aware = [pe for pe in models if pe != "none"]
-    minutes = sum(r["wall_s"] for m in models.values() for r in m.values()) / 60
-    assert f"({round(minutes)} minutes for all eight)" in section
+    n = sum(len(m) for m in models.values())
+    cpu_h = sum(r["wall_s"] + sum(t["decode_s"] for t in r["tests"].values()) for m in models.values()
+                for r in m.values()) / 3600
+    assert f"{n} models, {cpu_h:.1f} CPU hours of training and decoding" in section
+    bleu = seed_stats(results, "heldout", "bleu")
+    aware = FOUR[1:]
+    seeds = sorted({s for pe in FOUR for s in bleu[pe]["values"]})
+    assert f"seeds {', '.join(map(str, seeds))} of the four schemes" in section
+    # "every position-aware scheme beats none in every seed ... p <= 0.001 in every seed"
+    assert min(bleu[pe]["min"] for pe in aware) > bleu["none"]["max"]
+    boot = json.loads((WMT14 / "bootstrap_by_seed.heldout.json").read_text())["seeds"]
+    assert sorted(int(s) for s in boot) == seeds
+    vs_none = [r for rows in boot.values() for r in rows if r["baseline"] == "none"]
+    assert len(vs_none) == 3 * len(seeds) and all(r["bleu_p"] <= 0.001 for r in vs_none)
+    assert "paired bootstrap p ≤ 0.001 against `none` in every seed" in section
+    # "sinusoidal trails both Shaw and RoPE in every seed"
+    assert all(bleu["sinusoidal"]["values"][s] < min(bleu["shaw"]["values"][s], bleu["rope"]["values"][s])
+               for s in seeds)
+    assert "sinusoidal trails both Shaw and RoPE in every seed" in section
     drops = [r["tests"]["heldout"]["bleu"] - r["tests"]["heldout"]["shuffled_source"]["bleu"]
              for pe in aware for r in models[pe].values()]
     assert f"costs each of them {min(drops):.1f}–{max(drops):.1f} BLEU" in section
     assert all(r["tests"]["heldout"]["bleu"] == r["tests"]["heldout"]["shuffled_source"]["bleu"]
                for r in models["none"].values())  # "while `none` does not move"
-    means = [sum(r["tests"]["heldout"]["bleu"] for r in models[pe].values()) / len(models[pe]) for pe in aware]
-    assert "within 0.3 BLEU" in section and max(means) - min(means) <= 0.3
-    none_rows = [r for r in results["paired_bootstrap"]["heldout"] if r["baseline"] == "none"]
-    assert "p ≤ 0.001 on seed 0" in section and len(none_rows) == 3 and all(r["bleu_p"] <= 0.001 for r in none_rows)
-    worst_aware = min(r["tests"]["heldout"]["bleu"] for pe in aware for r in models[pe].values())
-    assert worst_aware > max(r["tests"]["heldout"]["bleu"] for r in models["none"].values())  # "for every seed"
+    best = max(aware, key=lambda pe: bleu[pe]["mean"])
+    assert bleu[best]["mean"] >= 22 and bleu[best]["mean"] - bleu["none"]["mean"] >= 5
 
 
 def test_lesson_13_course_run_cost_matches_the_result_files():

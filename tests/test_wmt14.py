@@ -196,7 +196,7 @@ def test_save_figures_leaves_the_plotting_backend_alone(tmp_path):
 
     from posenc_lib.experiments.wmt14 import save_figures
 
-    results = json.loads((ROOT / "results" / "wmt14-cpu" / "results.json").read_text())
+    results = json.loads((ROOT / "results" / "wmt14-laptop" / "results.json").read_text())
     before = matplotlib.get_backend()
     matplotlib.use("svg")
     try:
