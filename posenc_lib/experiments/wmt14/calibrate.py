@@ -42,8 +42,8 @@ from .tokenizer import get_tokenizer
 from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
 from ...utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
                       available_cores, check_positive_int, interrupted_message, read_json)
-from .pipeline import (DIRECTIONS, DEFAULT_PES, default_ckpt_dir, hardware, parse_pes, parse_seeds, parse_sets,
-                    prepare_data, resolve_jobs)
+from .pipeline import (DIRECTIONS, DEFAULT_PES, hardware, make_run_folders, parse_pes, parse_seeds, parse_sets,
+                       prepare_data, resolve_jobs)
 
 #: how long a process waits for the others before timing alone (s)
 BARRIER_TIMEOUT_S = 900.0
@@ -199,13 +199,7 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
         check_positive_int(flag, v)
     if not (isinstance(budget_min, (int, float)) and math.isfinite(budget_min) and budget_min > 0):
         raise ValueError(f"--budget-min must be a positive number of minutes, got {budget_min!r}")
-    run_dir = Path(out)
-    ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
-    for flag, folder in (("--out", run_dir), ("--ckpt-dir", ckpt_root)):
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{flag} {folder} is a file; give a folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    run_dir, ckpt_root = make_run_folders(out, ckpt_dir)
     # one writer per run folder: a second calibration (or the run) would also time its updates under contention
     with FolderLock(run_dir, what="--out folder", log=log), FolderLock(ckpt_root, what="--ckpt-dir", log=log):
         return _calibrate_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,

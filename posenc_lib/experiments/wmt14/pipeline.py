@@ -477,6 +477,20 @@ def _lock_folders(folders, rank: int, world: int, log) -> contextlib.ExitStack:
     return stack
 
 
+
+def make_run_folders(out, ckpt_dir=None) -> tuple[Path, Path]:
+    """The run folder (``--out``) and its checkpoint folder (``--ckpt-dir``, default :func:`default_ckpt_dir`),
+    created if missing; a path that exists as a file is a ``ValueError`` naming the flag."""
+    run_dir = Path(out)
+    ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
+    for flag, folder in (("--out", run_dir), ("--ckpt-dir", ckpt_root)):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag} {folder} is a file; give a folder")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    return run_dir, ckpt_root
+
+
 def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike, *, direction: str = "fr-en",
         data_dir=None, source: str = "auto", vocab=None, resume: bool = False, overwrite: bool = False,
         device: str | None = None, progress: bool = True, stop_after: int | None = None, ckpt_dir=None,
@@ -494,13 +508,7 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
     check_choice("direction", direction, DIRECTIONS)
     if resume and overwrite:
         raise ValueError("--resume continues unfinished models and --overwrite starts them again: pass one of them")
-    run_dir = Path(out)
-    ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
-    for flag, folder in (("--out", run_dir), ("--ckpt-dir", ckpt_root)):
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{flag} {folder} is a file; give a folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    run_dir, ckpt_root = make_run_folders(out, ckpt_dir)
     rank, world = dist_info()
     with _lock_folders((run_dir, ckpt_root), rank, world, log):
         return _run_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
