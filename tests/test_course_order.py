@@ -47,7 +47,7 @@ FINALE = 17
 #: and one of these words must also name the lesson the word belongs to (or sit in that lesson's notebook).
 TOPICS = {
     11: ("URPE", "Universal RPE", "FLOATER", "complex-order", "complex order", "axial RoPE", "2-D grid",
-         "2-D positions", "image patches"),
+         "2-D positions", "image patches", "Kerple", "contextual position", "cope_counting"),
     12: ("benchmark", "make bench", "cpu_flash", "what each scheme costs", "what each costs"),
     13: ("extrapolation", "reversal task", "reversal trained", "solve reversal", "reverse sequences", "train short, test long", "exact match", "unseen lengths",
          "past the lengths", "on longer ones"),

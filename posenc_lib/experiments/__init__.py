@@ -5,6 +5,8 @@
 * ``long_context.py``: a character language model trained at 64, read at up to 512, with RoPE's
   rescalings (lessons 10 and 14); ``python -m posenc_lib.experiments.long_context``.
 * ``long_context_extra.py``: two extra models beside that run (lessons 07 and 10).
+* ``cope_counting.py``: the k-th word back, where position is counted in words, not tokens: CoPE against
+  RoPE, ALiBi and no positions (lesson 11); ``python -m posenc_lib.experiments.cope_counting``.
 * ``wmt14/``: the finale, French-English translation (lesson 17): data, tokenizer, training,
   evaluation, calibration and the command line ``python -m posenc_lib.experiments.wmt14``.
 """
