@@ -13,17 +13,15 @@ Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verd
 ``ENTRIES`` below (or call :func:`register` with it), giving a check function wherever the claim can be
 measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
-Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-10
-(the table of lessons 01-10 closes notebooks/11_beyond_the_classics.ipynb), and by the two kinds of partial rotary
-of notebooks/15_rope_in_llms.ipynb, which shows the full table.
+Taught in notebooks/01_why_position.ipynb (the requirements); extended in the summaries of notebooks/02-10,
+by xPos, Kerple, FIRE and CoPE in notebooks/11_beyond_the_classics.ipynb (which closes with the table of lessons
+01-11), and by the two kinds of partial rotary of notebooks/15_rope_in_llms.ipynb, which shows the full table.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Callable
-
-import math
 
 import torch
 
@@ -471,6 +469,161 @@ ENTRIES += [
         "beyond training length": Verdict("~", "perplexity stays flat, but far keys get almost no weight: "
                                                "a soft sliding window", _alibi_far_keys_get_negligible_prior),
         "relative distance readable": Verdict("✓", "-m_h |i - j| is the distance", _alibi_long_bias_extends_short),
+    }),
+]
+
+
+# -- lesson 11: the schemes research keeps returning to -----------------------------------------
+
+def _xpos_scores_relative() -> bool:
+    from ..schemes.xpos import XPos
+
+    scheme = XPos(32, 1, 1, causal=True)
+    q, k = torch.randn(1, 1, 1, 32).expand(1, 1, 40, 32), torch.randn(1, 1, 1, 32).expand(1, 1, 40, 32)
+    pos = torch.arange(40)
+    rq, rk = scheme.rotate(q, k, scheme.prepare(pos, pos), 0)
+    s = (rq @ rk.transpose(-1, -2))[0, 0]
+    return torch.allclose(s[1:, 1:], s[:-1, :-1], atol=1e-4)  # every diagonal n - m holds one value
+
+
+def _xpos_factors_explode_with_position() -> bool:
+    from ..schemes.xpos import xpos_scales, xpos_zeta
+
+    f = xpos_scales(torch.tensor([4095]), xpos_zeta(64), 512.0)
+    return bool(f.min() < 1e-4 and (1 / f).max() > 1e4)  # query factors down to ~4e-5, key factors up to ~2e4
+
+
+def _xpos_damps_far_keys() -> bool:
+    from ..schemes.xpos import xpos_scales, xpos_zeta
+
+    # the score factor of pair k between a query at m and a key r tokens back is zeta_k^(r / B) < 1, falling in r
+    z = xpos_zeta(64)
+    r = torch.tensor([0.0, 512.0, 4096.0])
+    factor = xpos_scales(r, z, 512.0)
+    return bool(torch.all(factor[1:] < factor[:-1]) and factor[-1].min() < 1e-3)
+
+
+def _kerple_depends_on_distance_only() -> bool:
+    from ..schemes.kerple import kerple_kernel
+
+    r1, r2 = torch.tensor([0.5, 2.0]), torch.tensor([1.0, 0.3])
+    i, j = torch.arange(30)[:, None], torch.arange(30)[None, :]
+    b = kerple_kernel((i - j).abs(), r1, r2, "log")
+    return torch.equal(b[1:, 1:], b[:-1, :-1])
+
+
+def _kerple_log_grows_slowly() -> bool:
+    from ..schemes.kerple import kerple_kernel
+
+    r1, r2 = torch.tensor([1.0]), torch.tensor([1.0])
+    b = kerple_kernel(torch.tensor([10.0, 100.0, 1000.0, 10000.0]), r1, r2, "log")[:, 0]
+    steps = b[:-1] - b[1:]  # the extra penalty of each tenfold distance stays about log 10
+    return bool(b.min() > -10 and torch.allclose(steps, torch.full_like(steps, math.log(10)), atol=0.1))
+
+
+def _kerple_power_one_is_alibi() -> bool:
+    from ..schemes.kerple import kerple_kernel
+
+    r1 = torch.tensor([0.25, 0.0625])
+    d = torch.arange(50.0)
+    return torch.allclose(kerple_kernel(d, r1, torch.ones(2), "power"), -d[:, None] * r1)
+
+
+def _fire_inputs_bounded() -> bool:
+    from ..schemes.fire import fire_inputs
+
+    pos = torch.arange(4096)
+    x = fire_inputs(pos[-64:], pos, torch.tensor(0.1), torch.tensor(512.0))
+    return bool(x.min() >= 0 and x.max() <= 1)  # at any length the MLP reads values in [0, 1]
+
+
+def _fire_depends_on_query_position() -> bool:
+    from ..schemes.fire import fire_inputs
+
+    # the same distance (100) reads differently from a query at 1000 and one at 4000: normalised by psi(i)
+    x = fire_inputs(torch.tensor([1000, 4000]), torch.tensor([900, 3900]), torch.tensor(0.1), torch.tensor(512.0))
+    return bool(x[0, 0] > x[1, 1] + 0.05)
+
+
+def _cope_counts_gated_units() -> bool:
+    from ..schemes.cope import cope_positions
+
+    # gates open only on keys marked as separators: the position counts separators, not tokens
+    L, d = 12, 8
+    marks = torch.zeros(L)
+    marks[[2, 7, 10]] = 1.0
+    q = torch.ones(1, 1, L, d)
+    k = torch.zeros(1, 1, L, d)
+    k[0, 0, :, 0] = 20 * marks - 10  # q.k = +-10*... : sigmoid near 1 on separators, near 0 elsewhere
+    p = cope_positions(q, k, torch.arange(L), torch.arange(L), scale=1.0)[0, 0, L - 1]
+    return bool(torch.allclose(p, torch.tensor([3.0] * 3 + [2.0] * 5 + [1.0] * 3 + [0.0]), atol=1e-3))
+
+
+def _cope_positions_depend_on_content() -> bool:
+    from ..schemes.cope import cope_positions
+
+    q, pos = torch.randn(1, 1, 6, 8), torch.arange(6)
+    a = cope_positions(q, torch.randn(1, 1, 6, 8), pos, pos, scale=1.0)
+    b = cope_positions(q, torch.randn(1, 1, 6, 8), pos, pos, scale=1.0)
+    return not torch.allclose(a, b)  # same token positions, other keys: other CoPE positions
+
+
+def _cope_positions_bounded_by_tokens() -> bool:
+    from ..schemes.cope import cope_positions
+
+    L = 200
+    p = cope_positions(torch.randn(1, 2, L, 8), torch.randn(1, 2, L, 8), torch.arange(L), torch.arange(L), 1.0)
+    dist = (torch.arange(L)[:, None] - torch.arange(L)[None, :]).clamp(min=-1) + 1  # keys j <= i: i - j + 1
+    return bool(torch.all(p <= dist.float() + 1e-4) and p.min() >= 0)
+
+
+ENTRIES += [
+    Entry("xPos", 11, {
+        "unique": Verdict("✓", "RoPE's rotation, scaled per pair", _xpos_scores_relative),
+        "deterministic": Verdict("✓", "fixed rotation and decay, no parameters"),
+        "bounded": Verdict("~", "scores are relative, but each factor zeta^(+-m/B) grows or shrinks with the "
+                                "absolute position: blocks are centred near 0", _xpos_factors_explode_with_position),
+        "consistent across lengths": Verdict("✓", "scores depend on n - m only", _xpos_scores_relative),
+        "beyond training length": Verdict("~", "the built-in decay damps far keys (fast pairs most); new phases "
+                                               "remain in slow pairs", _xpos_damps_far_keys),
+        "relative distance readable": Verdict("✓", "as in RoPE, with a decay", _xpos_scores_relative),
+    }),
+    Entry("Kerple", 11, {
+        "unique": Verdict("~", "one scalar per distance; the log kernel flattens, so far distances differ little",
+                          _kerple_log_grows_slowly),
+        "deterministic": Verdict("✓", "learned r1, r2 per head, fixed after training"),
+        "bounded": Verdict("~", "the log kernel grows like log distance, the power kernel like d^r2",
+                           _kerple_log_grows_slowly),
+        "consistent across lengths": Verdict("✓", "depends on |i - j| only", _kerple_depends_on_distance_only),
+        "beyond training length": Verdict("~", "a decaying prior like ALiBi's (power 1 is ALiBi), gentler for log",
+                                          _kerple_power_one_is_alibi),
+        "relative distance readable": Verdict("✓", "the kernel of |i - j|", _kerple_depends_on_distance_only),
+    }),
+    Entry("FIRE", 11, {
+        "unique": Verdict("~", "a learned function of the normalised distance; one value may serve two pairs",
+                          _fire_depends_on_query_position),
+        "deterministic": Verdict("✓", "a learned MLP and c, L, fixed after training"),
+        "bounded": Verdict("✓", "the MLP reads psi(i - j) / psi(max(i, L)) in [0, 1]", _fire_inputs_bounded),
+        "consistent across lengths": Verdict("~", "past the threshold L a distance is read relative to the query's "
+                                                  "own position", _fire_depends_on_query_position),
+        "beyond training length": Verdict("~", "inputs stay in the range seen in training (progressive "
+                                               "interpolation), but squeezed: a distance reads smaller",
+                                          _fire_inputs_bounded),
+        "relative distance readable": Verdict("~", "as a fraction of the query's position, beyond L",
+                                              _fire_depends_on_query_position),
+    }),
+    Entry("CoPE", 11, {
+        "unique": Verdict("~", "counts what the gates open on (words, sentences), so two tokens may share a "
+                               "position", _cope_counts_gated_units),
+        "deterministic": Verdict("~", "positions depend on the content through the gates",
+                                 _cope_positions_depend_on_content),
+        "bounded": Verdict("✓", "a position never exceeds the token distance, and the table is capped at max_pos",
+                           _cope_positions_bounded_by_tokens),
+        "consistent across lengths": Verdict("✓", "counts from the query back, whatever the length",
+                                             _cope_counts_gated_units),
+        "beyond training length": Verdict("~", "unit counts can stay in range when token counts do not; "
+                                               "counts beyond max_pos are clipped", _cope_counts_gated_units),
+        "relative distance readable": Verdict("✓", "in the units the gates count", _cope_counts_gated_units),
     }),
 ]
 
