@@ -35,8 +35,8 @@ Cost of the ``course`` profile (4 models x 3 seeds, 4000 updates each), timed wi
 ``nice`` on 2 cores that a training run kept busy (one thread per model): 14.5-18.9 ms of CPU per update for CoPE,
 11.9-15.1 for RoPE, 10.0-13.7 for ALiBi, 10.5-13.5 without positions (the higher figures at a load average near
 5), 0.3-1.4 s per evaluation: 10-13 CPU minutes for the 12 runs, about 5-6 minutes of wall time with ``--jobs 2``
-on two free cores.  Single runs of 4000 updates measured 64-76 s of CPU for CoPE and 48-63 s for RoPE.  ``smoke``:
-about a second per model.
+on two free cores.  The committed course run took 12.2 CPU minutes of training (74-77 s per CoPE model, 60 s for
+RoPE, 54-56 s for ALiBi and none; ``train_cpu_seconds`` in each result file).  ``smoke``: about a second per model.
 
 Taught in notebooks/11_beyond_the_classics.ipynb.
 """
