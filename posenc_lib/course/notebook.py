@@ -111,6 +111,8 @@ RESULT_COMMANDS = {
     "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra",
     "results/cope_counting": "python -m posenc_lib.experiments.cope_counting --profile course --seeds 0,1,2 --out "
                              "results/cope_counting --jobs 2",
+    "results/inside": "python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside "
+                      "--jobs 2 --resume",
     "results/wmt14-cpu": "python -m posenc_lib.experiments.wmt14 --profile cpu --pe none,sinusoidal,shaw,rope "
                          "--seeds 0,1 --out results/wmt14-cpu --resume",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",

@@ -7,6 +7,9 @@
 * ``long_context_extra.py``: two extra models beside that run (lessons 07 and 10).
 * ``cope_counting.py``: the k-th word back, where position is counted in words, not tokens: CoPE against
   RoPE, ALiBi and no positions (lesson 11); ``python -m posenc_lib.experiments.cope_counting``.
+* ``rope_variants.py``: partial rotary and RoPE:NoPE layers on that character model (lesson 15).
+* ``inside.py``: what trained character models do with positions: probes, rotary bands, attention sinks
+  (lesson 16), with the measurements in ``inside_tools.py``; ``python -m posenc_lib.experiments.inside``.
 * ``wmt14/``: the finale, French-English translation (lesson 17): data, tokenizer, training,
   evaluation, calibration and the command line ``python -m posenc_lib.experiments.wmt14``.
 """

@@ -16,6 +16,10 @@ Used by the long-context experiment (posenc_lib/experiments/long_context.py, tau
 notebooks/14_long_context.ipynb), by the RoPE variants of notebooks/15_rope_in_llms.ipynb
 (posenc_lib/experiments/rope_variants.py), by the decoder-only runs of the length-extrapolation experiment
 (notebooks/13_length_extrapolation.ipynb) and by lesson 10's ALiBi comparison.
+
+:class:`MaskedLM` is the same stack with no causal mask, trained to fill in masked characters (BERT's
+objective; Devlin, Chang, Lee & Toutanova 2019, arXiv:1810.04805): the bidirectional model of
+notebooks/16_inside_a_trained_model.ipynb (posenc_lib/experiments/inside.py).
 """
 from __future__ import annotations
 
@@ -31,16 +35,17 @@ from ..utils import check_positive_int, check_token_tensor
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: causal self-attention, then a feed-forward layer."""
+    """Pre-norm block: self-attention (causal unless ``causal=False``), then a feed-forward layer."""
 
-    def __init__(self, d_model: int, n_heads: int, dim_feedforward: int):
+    def __init__(self, d_model: int, n_heads: int, dim_feedforward: int, causal: bool = True):
         super().__init__()
+        self.causal = causal
         self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.attn = MultiHeadAttention(d_model, n_heads)
         self.ff = nn.Sequential(nn.Linear(d_model, dim_feedforward), nn.GELU(), nn.Linear(dim_feedforward, d_model))
 
     def forward(self, x, pos, ctx, layer, need_weights=False):
-        a = self.attn(self.norm1(x), causal=True, pos=pos, ctx=ctx, layer=layer, need_weights=need_weights)
+        a = self.attn(self.norm1(x), causal=self.causal, pos=pos, ctx=ctx, layer=layer, need_weights=need_weights)
         a, w = a if need_weights else (a, None)
         x = x + a
         return x + self.ff(self.norm2(x)), w
@@ -59,6 +64,9 @@ class CausalLM(nn.Module):
     each layer's ``(scheme, index of the layer among that scheme's layers)``.
     """
 
+    #: every block masks the future (:class:`MaskedLM` sets it False)
+    causal = True
+
     def __init__(self, vocab_size: int, pe: str, *, d_model: int, n_heads: int, num_layers: int,
                  dim_feedforward: int, **options):  # fmt: skip
         super().__init__()
@@ -67,14 +75,14 @@ class CausalLM(nn.Module):
         self.dims = (d_model, n_heads, num_layers)
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)  # tied output: logits start near 0
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, dim_feedforward) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, dim_feedforward, self.causal) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.set_scheme(pe, **options)
 
     def set_scheme(self, pe, **options) -> None:
         """One scheme for every layer (``pe`` a name), or one per layer (``pe`` a list; see the class)."""
         if isinstance(pe, str):
-            self.pos = make_scheme(pe, *self.dims, causal=True, **options)
+            self.pos = make_scheme(pe, *self.dims, causal=self.causal, **options)
             self.layer_schemes = None
             self.layer_pos = [(self.pos, i) for i in range(self.dims[2])]
             return
@@ -82,7 +90,7 @@ class CausalLM(nn.Module):
             raise ValueError(f"with one position entry per layer, give each layer's options in its entry "
                              f"('rope', {{...}}), not as keyword arguments; got {sorted(options)}")  # fmt: skip
         self.pos = None
-        self.layer_schemes, self.layer_pos = _per_layer_schemes(pe, *self.dims)
+        self.layer_schemes, self.layer_pos = _per_layer_schemes(pe, *self.dims, causal=self.causal)
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False):
         """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
@@ -121,7 +129,43 @@ class CausalLM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
 
 
-def _per_layer_schemes(entries, d_model: int, n_heads: int, num_layers: int):
+class MaskedLM(CausalLM):
+    """:class:`CausalLM`'s stack with no causal mask, trained to fill in masked characters.
+
+    Every token sees every other one, so with ``pe="none"`` the model is permutation-equivariant: permuting
+    the input permutes the hidden states and nothing else (lesson 01), and no layer can know where a token is.
+    The embedding has ``vocab_size + 1`` rows; the last id, :attr:`mask_id`, is the ``[MASK]`` character.
+    """
+
+    causal = False
+
+    def __init__(self, vocab_size: int, pe: str, *, mask_prob: float = 0.15, **kwargs):
+        check_positive_int("vocab_size", vocab_size)
+        if not 0.0 < mask_prob < 1.0:
+            raise ValueError(f"mask_prob must lie in (0, 1), got {mask_prob!r}")
+        super().__init__(vocab_size + 1, pe, **kwargs)
+        self.mask_id = vocab_size
+        self.mask_prob = mask_prob
+
+    def loss(self, windows: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy (nats) of the masked characters of ``windows (batch, T + 1)``.
+
+        The first ``T`` characters of each window are the input (the interface of :meth:`CausalLM.loss`, so the
+        same training loop serves both); ``max(1, round(mask_prob * T))`` of them, drawn anew each call from
+        torch's generator, are replaced by :attr:`mask_id` and predicted.
+        """
+        if windows.dim() != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
+            raise ValueError(f"windows must be (batch >= 1, T + 1 >= 2) token ids, got shape {tuple(windows.shape)}")
+        x = windows[:, :-1]
+        b, t = x.shape
+        n = max(1, round(self.mask_prob * t))
+        where = torch.rand(b, t, device=x.device).argsort(dim=1)[:, :n]  # (batch, n) distinct positions per row
+        logits = self(x.scatter(1, where, self.mask_id))
+        picked = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1]))
+        return F.cross_entropy(picked.reshape(-1, logits.shape[-1]), x.gather(1, where).reshape(-1))
+
+
+def _per_layer_schemes(entries, d_model: int, n_heads: int, num_layers: int, causal: bool = True):
     """``(schemes, layer_pos)`` for one position entry per layer (see :class:`CausalLM`).
 
     Equal entries share one scheme built for as many layers as they cover; a scheme that adds to the
@@ -153,9 +197,9 @@ def _per_layer_schemes(entries, d_model: int, n_heads: int, num_layers: int):
     for (name, _), layers in groups.items():
         options = keys[layers[0]][2]
         if isinstance(name, type):
-            scheme = name(d_model, n_heads, len(layers), True, **options)
+            scheme = name(d_model, n_heads, len(layers), causal, **options)
         else:
-            scheme = make_scheme(name, d_model, n_heads, len(layers), causal=True, **options)
+            scheme = make_scheme(name, d_model, n_heads, len(layers), causal=causal, **options)
         if scheme.where == "input":
             raise ValueError(f"layer {layers[0]}: {scheme.name!r} adds to the token embeddings, which every layer "
                              f"reads; give it as pe={scheme.name!r} for the whole model, not per layer")  # fmt: skip

@@ -1,0 +1,396 @@
+"""Inside a trained model: what small character LMs do with positions (RoPE, ALiBi, none; causal and not).
+
+The experiment behind notebooks/16_inside_a_trained_model.ipynb.  Lesson 14's data and recipe (Europarl
+English as characters, random windows of ``train_len`` = 64 characters, AdamW, 1500 updates) train four
+models of lesson 15's shape (4 layers, 2 heads of 32 dimensions: 16 rotation pairs per head):
+
+* ``rope``, ``alibi``, ``nope``: causal language models (:class:`~posenc_lib.models.causal_lm.CausalLM`) with
+  RoPE (half-split), ALiBi, or no positional encoding;
+* ``nope-bidir``: the same stack with no causal mask and no positions, trained to fill in 15% masked
+  characters (:class:`~posenc_lib.models.causal_lm.MaskedLM`).
+
+Then, on held-out text, with the tools of posenc_lib/experiments/inside_tools.py:
+
+* every model: a linear probe for the absolute position on every layer's hidden states (Haviv et al. 2022,
+  arXiv:2203.16634), trained on ``probe_windows`` windows and scored on as many others;
+* the causal models: perplexity at ``band_lengths``; the attention weight on the first token of a window
+  per layer and head (Xiao et al. 2024, arXiv:2309.17453; Gu et al. 2025, arXiv:2410.10781); ``streams``
+  streams of ``stream_len`` characters read through a rolling cache of ``cache`` tokens with and without
+  the first ``sinks`` kept (StreamingLLM), beside dense attention and the sliding window recomputed;
+* ``rope``: the norm of each rotation pair of q and k per layer (Barbero et al. 2024, arXiv:2410.06205), the
+  mean score at each distance, and the perplexity with the ``band_pairs`` slowest or fastest pairs frozen
+  (frequency 0, as p-RoPE does) or dropped (q and k components zeroed).
+
+Each (model, seed) writes one JSON file into ``--out`` when it finishes (temporary file + rename).  A folder
+that already holds some of them is refused unless ``--resume`` is given; with it, finished files are kept
+(if they were made with this configuration) and only the missing ones are made.
+
+Command line::
+
+    python -m posenc_lib.experiments.inside --profile smoke --out runs/inside-smoke
+    python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside --jobs 2 --resume
+    python -m posenc_lib.experiments.inside --profile course --time-updates 20   # time it first
+
+Cost of the ``course`` profile (4 models x 3 seeds): see the README, which quotes the timing made with
+``--time-updates``.  ``smoke``: a few seconds per model; it learns nothing.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..models.causal_lm import CausalLM, MaskedLM
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_positive_int,
+                     interrupted_message, read_json, set_seed)
+from . import inside_tools as tools
+from . import long_context as lc
+
+SCHEMA = "posenc.inside/1"
+
+
+@dataclass(frozen=True)
+class InsideConfig:
+    """Everything that defines a run; the same for every model and seed."""
+
+    name: str = "course"
+    # -- data: lesson 14's characters of the shipped Europarl English side --------------------------
+    train_lines: int = 40000  # training text: the first lines of train.en
+    eval_offset: int = 260000  # held-out text starts at this line: every measurement reads it
+    eval_chars: int = 32768
+    min_char_count: int = 20
+    # -- the models: lesson 15's shape, head_dim 32 (16 rotation pairs) ---------------------------
+    d_model: int = 64
+    n_heads: int = 2
+    num_layers: int = 4
+    dim_feedforward: int = 256
+    # -- training: lesson 14's recipe -------------------------------------------------------------
+    train_len: int = 64
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    grad_clip: float = 1.0
+    mask_prob: float = 0.15  # share of characters the masked LM fills in
+    # -- measurements ----------------------------------------------------------------------------
+    probe_windows: int = 256  # held-out windows of train_len to fit each probe; as many others to score it
+    probe_steps: int = 100  # L-BFGS iterations of the logistic probe
+    band_pairs: int = 4  # rotation pairs frozen or dropped at each end of the ladder
+    band_lengths: tuple[int, ...] = (64, 256)  # perplexity at these window lengths
+    sink_windows: int = 64  # windows of train_len for the attention weight on the first token
+    cache: int = 64  # rolling cache size, in tokens
+    sinks: int = 4  # first tokens kept in the cache
+    streams: int = 8
+    stream_len: int = 512
+    threads: int = 1
+
+    def __post_init__(self):
+        for f in ("train_lines", "eval_offset", "eval_chars", "min_char_count", "d_model", "n_heads", "num_layers",
+                  "dim_feedforward", "train_len", "steps", "batch_size", "warmup", "probe_windows", "probe_steps",
+                  "band_pairs", "sink_windows", "cache", "streams", "stream_len", "threads"):  # fmt: skip
+            check_positive_int(f, getattr(self, f))
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"d_model={self.d_model} must split into n_heads={self.n_heads} heads of even size")
+        if 2 * self.band_pairs > self.d_model // self.n_heads // 2:
+            raise ValueError(f"band_pairs={self.band_pairs}: two bands must fit in the "
+                             f"{self.d_model // self.n_heads // 2} pairs of a head")  # fmt: skip
+        if not 0.0 < self.mask_prob < 1.0:
+            raise ValueError(f"mask_prob must lie in (0, 1), got {self.mask_prob}")
+        if not 0 <= self.sinks < self.cache < self.stream_len:
+            raise ValueError(f"need 0 <= sinks < cache < stream_len, got {self.sinks}, {self.cache}, {self.stream_len}")
+        for what, need in (("the probe's windows", 2 * self.probe_windows * self.train_len),
+                           ("the attention windows", self.sink_windows * self.train_len),
+                           ("the streams", self.streams * self.stream_len),
+                           ("the longest band length", max(self.band_lengths, default=0) + 1)):  # fmt: skip
+            if need > self.eval_chars:
+                raise ValueError(f"eval_chars={self.eval_chars} is too short for {what} ({need} characters)")
+        if not self.band_lengths or any(check_positive_int("band length", n) < 2 for n in self.band_lengths):
+            raise ValueError(f"band_lengths must be lengths >= 2, got {self.band_lengths}")
+
+
+#: ``course``: the lesson's numbers (timed with ``--time-updates``; see the README)
+COURSE = InsideConfig()
+#: ``smoke``: seconds per model, for tests and the lesson before the course run exists; learns nothing
+SMOKE = replace(COURSE, name="smoke", train_lines=3000, eval_chars=4096, d_model=32, n_heads=2, num_layers=2,
+                dim_feedforward=64, train_len=16, steps=30, batch_size=8, warmup=5, probe_windows=32, probe_steps=30,
+                band_pairs=2, band_lengths=(16, 64), sink_windows=16, cache=16, sinks=2, streams=2, stream_len=64)  # fmt: skip
+PROFILES = {"course": COURSE, "smoke": SMOKE}
+
+#: name -> (scheme, options, model class)
+MODELS: dict[str, tuple[str, dict, type]] = {
+    "rope": ("rope", {"interleaved": False}, CausalLM),
+    "alibi": ("alibi", {}, CausalLM),
+    "nope": ("none", {}, CausalLM),
+    "nope-bidir": ("none", {}, MaskedLM),
+}
+#: the ablations of the RoPE model's pairs: name -> (mode, which end of the ladder)
+BANDS = {f"{mode}-{end}": (mode, end) for mode in tools.BAND_MODES for end in ("low", "high")}
+
+
+def make_model(name: str, cfg: InsideConfig, vocab_size: int) -> CausalLM:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(MODELS)}")
+    pe, options, cls = MODELS[name]
+    extra = {"mask_prob": cfg.mask_prob} if cls is MaskedLM else {}
+    return cls(vocab_size, pe, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
+               dim_feedforward=cfg.dim_feedforward, **options, **extra)  # fmt: skip
+
+
+def band_pairs(cfg: InsideConfig, end: str) -> list[int]:
+    """The ``band_pairs`` fastest (``"high"``, pair 0 up) or slowest (``"low"``) pairs of a head."""
+    half = cfg.d_model // cfg.n_heads // 2
+    if end not in ("low", "high"):
+        raise ValueError(f"unknown end {end!r} of the frequency ladder; valid choices: low, high")
+    return list(range(cfg.band_pairs)) if end == "high" else list(range(half - cfg.band_pairs, half))
+
+
+def with_band(model: CausalLM, cfg: InsideConfig, band: str | None) -> CausalLM:
+    """Read the trained RoPE ``model`` with one of :data:`BANDS` ablated (``None``: plain RoPE again)."""
+    if band is None:
+        model.set_scheme("rope", **MODELS["rope"][1])
+        return model
+    if band not in BANDS:
+        raise ValueError(f"unknown band ablation {band!r}; valid choices: {', '.join(BANDS)}")
+    mode, end = BANDS[band]
+    entry = (tools.BandRoPE, {"pairs": band_pairs(cfg, end), "mode": mode, **MODELS["rope"][1]})
+    model.set_scheme([entry] * cfg.num_layers)
+    return model
+
+
+# -- the measurements of one trained model --------------------------------------------------------
+def measure(name: str, model: CausalLM, cfg: InsideConfig, eval_ids: torch.Tensor) -> dict[str, Any]:
+    """Every measurement of the module docstring that applies to ``name``; JSON-ready."""
+    L = cfg.train_len
+    windows = eval_ids[: 2 * cfg.probe_windows * L].view(2 * cfg.probe_windows, L)
+    rec: dict[str, Any] = {"probe": tools.probe_layers(model, windows[: cfg.probe_windows],
+                                                       windows[cfg.probe_windows :], steps=cfg.probe_steps)}  # fmt: skip
+    if not model.causal:
+        return rec
+    few = windows[: cfg.sink_windows]
+    lengths = list(cfg.band_lengths)
+    rec["nll"] = {"lengths": lengths, "none": [round(tools.mean_nll(model, eval_ids, n), 5) for n in lengths]}
+    rec["sinks"] = tools.first_token_mass(model, few)
+    streams = eval_ids[: cfg.streams * cfg.stream_len].view(cfg.streams, cfg.stream_len)
+    curves = {"dense": tools.stream_nll(model, streams, cache=None),
+              "window": tools.stream_nll(model, streams, cache=cfg.cache, sinks=0),
+              "sinks": tools.stream_nll(model, streams, cache=cfg.cache, sinks=cfg.sinks),
+              "recompute": tools.recompute_nll(model, streams, cfg.cache)}  # fmt: skip
+    bins = 8 if (cfg.stream_len - 1) >= 8 else 1
+    rec["stream"] = {
+        "cache": cfg.cache, "sinks": cfg.sinks, "stream_len": cfg.stream_len, "streams": cfg.streams,
+        "past_window": {m: round(float(c[cfg.cache :].mean()), 5) for m, c in curves.items()},
+        "by_bin": {m: [round(float(b.mean()), 5) for b in c.tensor_split(bins)] for m, c in curves.items()},
+    }  # fmt: skip
+    if name == "rope":
+        rec["pair_norms"] = tools.qk_pair_norms(model, few, interleaved=MODELS["rope"][1]["interleaved"])
+        rec["score_by_distance"] = tools.score_by_distance(model, few)
+        for band in BANDS:
+            with_band(model, cfg, band)
+            rec["nll"][band] = [round(tools.mean_nll(model, eval_ids, n), 5) for n in lengths]
+        with_band(model, cfg, None)
+        rec["bands"] = {band: band_pairs(cfg, end) for band, (_, end) in BANDS.items()}
+    return rec
+
+
+# -- the jobs -------------------------------------------------------------------------------------
+def result_path(out, name: str, seed: int) -> Path:
+    return Path(out) / f"{name}_seed{seed}.json"
+
+
+def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
+    """Train one model, measure it, write its result file."""
+    torch.set_num_threads(cfg.threads)
+    vocab, train_ids, eval_ids = lc.data(cfg)
+    set_seed(seed)
+    model = make_model(name, cfg, len(vocab))
+    t0 = time.perf_counter()
+    losses = lc.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
+                            warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    found = measure(name, model, cfg, eval_ids)
+    rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+           "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(vocab),
+           "train_loss": losses, "train_seconds": round(seconds, 1),
+           "measure_seconds": round(time.perf_counter() - t1, 1), "torch": torch.__version__, **found}  # fmt: skip
+    atomic_write_json(result_path(out, name, seed), rec)
+    acc = found["probe"]["accuracy"]
+    return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, probe accuracy by layer " + \
+        " ".join(f"{a:.2f}" for a in acc)
+
+
+def pending(cfg: InsideConfig, names: Sequence[str], seeds: Sequence[int], out, *, resume: bool) -> list[tuple[str, int]]:
+    """The (model, seed) pairs still to make in ``out``.
+
+    Finished files are kept only with ``resume`` (``FileExistsError`` otherwise, naming the first one), and
+    only if they were made with ``cfg`` (``ValueError`` otherwise, saying what to do).
+    """
+    done = [(n, s) for n in names for s in seeds if result_path(out, n, s).exists()]
+    if done and not resume:
+        more = f" (and {len(done) - 1} more)" if len(done) > 1 else ""
+        raise FileExistsError(f"{result_path(out, *done[0])} exists{more}: pass --resume to keep finished results "
+                              "and make only the missing ones, or give another --out folder")  # fmt: skip
+    want = json.loads(json.dumps(asdict(cfg)))
+    for n, s in done:
+        path = result_path(out, n, s)
+        rec = read_json(path)
+        if not isinstance(rec, dict) or rec.get("config") != want:
+            made = rec.get("profile") if isinstance(rec, dict) else None
+            raise ValueError(f"{path} was made with another configuration (profile {made!r}, now {cfg.name!r}); "
+                             "pass the --profile it was made with, or another --out folder")  # fmt: skip
+    return [(n, s) for n in names for s in seeds if (n, s) not in done]
+
+
+def run_all(cfg: InsideConfig, seeds: Sequence[int], out, *, names: Sequence[str] | None = None, jobs: int = 1,
+            resume: bool = False, log=print) -> None:  # fmt: skip
+    """Make every (model, seed) result not yet in ``out``; ``jobs`` worker processes; ``out`` is locked meanwhile."""
+    jobs = check_positive_int("jobs", jobs)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    names = list(dict.fromkeys(MODELS if names is None else names))
+    bad = [n for n in names if n not in MODELS]
+    if bad:
+        raise ValueError(f"unknown model(s) {bad}; valid choices: {', '.join(MODELS)}")
+    with FolderLock(out, what="--out folder", log=log):
+        todo = pending(cfg, names, seeds, out, resume=resume)
+        if len(todo) < len(names) * len(seeds):
+            log(f"keeping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
+        if jobs == 1:
+            for n, s in todo:
+                log(train_one(n, s, cfg, out))
+            return
+        from concurrent.futures import as_completed
+
+        with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
+            for f in as_completed([pool.submit(train_one, n, s, cfg, out) for n, s in todo]):
+                log(f.result())
+
+
+def time_updates(cfg: InsideConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,
+                 log=print) -> dict[str, Any]:  # fmt: skip
+    """Time each model's training updates (after ``warmup`` untimed ones; ``cfg.threads`` threads, as in the
+    run) and its measurements once; project the run with 3 seeds.  CPU time (``time.process_time``) is what
+    the projection uses: on cores shared with other work the wall time is longer than the CPU time needed."""
+    updates, warmup = check_positive_int("updates", updates), check_positive_int("warmup", warmup)
+    torch.set_num_threads(cfg.threads)
+    c0 = time.process_time()
+    vocab, train_ids, eval_ids = lc.data(cfg)
+    data_cpu = time.process_time() - c0
+    names = list(MODELS) if names is None else list(names)
+    rows: dict[str, dict[str, float]] = {}
+    for name in names:
+        set_seed(0)
+        model = make_model(name, cfg, len(vocab))
+        kw = dict(length=cfg.train_len, batch=cfg.batch_size, lr=cfg.lr, warmup=1, grad_clip=cfg.grad_clip)
+        lc.train_steps(model, train_ids, steps=warmup, seed=0, **kw)
+        w0, c0 = time.perf_counter(), time.process_time()
+        lc.train_steps(model, train_ids, steps=updates, seed=1, **kw)
+        w1, c1 = time.perf_counter(), time.process_time()
+        measure(name, model, cfg, eval_ids)
+        w2, c2 = time.perf_counter(), time.process_time()
+        rows[name] = {"wall_per_update": (w1 - w0) / updates, "cpu_per_update": (c1 - c0) / updates,
+                      "measure_wall": w2 - w1, "measure_cpu": c2 - c1}  # fmt: skip
+        r = rows[name]
+        log(f"{name}: {r['cpu_per_update'] * 1000:.0f} ms CPU per update ({r['wall_per_update'] * 1000:.0f} ms wall), "
+            f"measurements {r['measure_cpu']:.1f} s CPU ({r['measure_wall']:.1f} s wall)")  # fmt: skip
+    per_seed = sum(r["cpu_per_update"] * cfg.steps + r["measure_cpu"] + data_cpu for r in rows.values())
+    cpu = 3 * per_seed
+    wall = 3 * sum(r["wall_per_update"] * cfg.steps + r["measure_wall"] + data_cpu for r in rows.values())
+    log(f"projected for {len(names)} models x 3 seeds ({cfg.steps} updates each): {cpu / 60:.1f} CPU minutes "
+        f"({wall / 60:.1f} minutes at the wall-clock rate measured here); with --jobs 2 on 2 free cores about "
+        f"{cpu / 120:.1f} minutes of wall time")  # fmt: skip
+    return {"profile": cfg.name, "updates_timed": updates, "steps": cfg.steps, "threads": cfg.threads,
+            "data_cpu": round(data_cpu, 2), "per_model": {n: {k: round(v, 4) for k, v in r.items()} for n, r in rows.items()},
+            "cpu_seconds_3_seeds": round(cpu, 1), "wall_seconds_3_seeds": round(wall, 1),
+            "torch": torch.__version__}  # fmt: skip
+
+
+# -- reading results ------------------------------------------------------------------------------
+def load_results(out) -> list[dict]:
+    """Every result record in ``out``, checked."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no results folder {out}")
+    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
+    for p, r in zip(sorted(out.glob("*_seed*.json")), recs):
+        missing = {"schema", "model", "seed", "config", "probe"} - set(r) if isinstance(r, dict) else {"schema"}
+        if missing or r["schema"] != SCHEMA:
+            raise ValueError(f"{p} is not a {SCHEMA} record (missing {sorted(missing)}); delete it, or restore it")
+    return recs
+
+
+def collect(records: Sequence[dict], model: str, path: str) -> tuple[np.ndarray, list[int]]:
+    """The value at the dotted ``path`` (``"probe.accuracy"``, ``"stream.past_window.sinks"``) of every seed of
+    ``model``, stacked: ``(seeds, ...)`` float64, and the seeds in that order."""
+    rows, seeds = [], []
+    for r in sorted((r for r in records if r["model"] == model), key=lambda r: r["seed"]):
+        value: Any = r
+        for key in path.split("."):
+            if not isinstance(value, dict) or key not in value:
+                raise KeyError(f"{model} seed {r['seed']} has no {path!r} (no {key!r})")
+            value = value[key]
+        rows.append(value)
+        seeds.append(r["seed"])
+    if not rows:
+        raise KeyError(f"no results for model {model!r}; models present: {sorted({r['model'] for r in records})}")
+    return np.asarray(rows, dtype=np.float64), seeds
+
+
+# -- command line ---------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    p = CliParser(prog="python -m posenc_lib.experiments.inside", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
+    p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(MODELS))
+    p.add_argument("--out", default=None, help="folder for the result files (default runs/inside-PROFILE; the "
+                                               "committed results are never the default)")
+    p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
+    p.add_argument("--resume", action="store_true", help="keep the finished result files in --out and make the "
+                                                         "missing ones (without it, a folder holding any is refused)")
+    p.add_argument("--time-updates", type=int, default=0, metavar="N",
+                   help="time N updates and the measurements of each model, print the projected cost, train nothing")
+    p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
+    a = p.parse_args(argv)
+    cfg = PROFILES[a.profile]
+    seeds, names = lc.parse_selection(p, a, list(MODELS))
+    if a.time_updates < 0:
+        p.error(f"--time-updates must be >= 0, got {a.time_updates}")
+    if a.timing_out and not a.time_updates:
+        p.error("--timing-out needs --time-updates N")
+    if a.time_updates:
+        import os
+
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        timing = time_updates(cfg, a.time_updates, names=names)
+        if a.timing_out:
+            timing["load_average_before"] = None if load is None else round(load, 2)
+            atomic_write_json(a.timing_out, timing)
+        return 0
+    out = a.out or f"runs/inside-{a.profile}"
+    if Path(out).exists() and not Path(out).is_dir():
+        p.error(f"--out {out} is a file; give a folder")
+    t0 = time.perf_counter()
+    try:
+        run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command with --resume to "
+                                  "make the others"), file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["InsideConfig", "COURSE", "SMOKE", "PROFILES", "MODELS", "BANDS", "make_model", "band_pairs", "with_band",
+           "measure", "run_all", "pending", "time_updates", "load_results", "collect"]  # fmt: skip
