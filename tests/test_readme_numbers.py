@@ -204,6 +204,11 @@ def test_readme_wmt14_prose_matches_results():
                for r in models["none"].values())  # "while `none` does not move"
     best = max(aware, key=lambda pe: bleu[pe]["mean"])
     assert bleu[best]["mean"] >= 22 and bleu[best]["mean"] - bleu["none"]["mean"] >= 5
+    leads = [bleu[pe]["mean"] - bleu["none"]["mean"] for pe in aware]
+    assert "by 9–10 BLEU in-domain" in section and 8.5 <= min(leads) and max(leads) <= 10.5
+    # "Shaw and RoPE swap places from one seed to the next"
+    ahead = {bleu["shaw"]["values"][s] > bleu["rope"]["values"][s] for s in seeds}
+    assert "Shaw and RoPE swap places from one seed to the next" in section and ahead == {True, False}
 
 
 def test_lesson_13_course_run_cost_matches_the_result_files():

@@ -113,8 +113,8 @@ RESULT_COMMANDS = {
                              "results/cope_counting --jobs 2",
     "results/inside": "python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside "
                       "--jobs 2 --resume",
-    "results/wmt14-cpu": "python -m posenc_lib.experiments.wmt14 --profile cpu --pe none,sinusoidal,shaw,rope "
-                         "--seeds 0,1 --out results/wmt14-cpu --resume",
+    "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
+                            "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
 }
 
