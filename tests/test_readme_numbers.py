@@ -260,3 +260,26 @@ def test_lesson_12_uses_the_benchmark_goals():
     lines = [line for c in cells for line in "".join(c["source"]).splitlines() if line.startswith("goals = {")]
     assert len(lines) == 1
     assert ast.literal_eval(lines[0].split("=", 1)[1].split("#", 1)[0].strip()) == TARGETS_1024
+
+
+def test_readme_rope_variants_summary_matches_results():
+    """The README's one-sentence reading of the lesson-15 sweep, checked against its result files."""
+    from posenc_lib.experiments import long_context as lc
+    from posenc_lib.experiments import rope_variants as rv
+
+    records = lc.load_results(ROOT / "results" / "rope_variants")
+    assert len(records) == 27
+    cells = rv.table(records)
+    layered = lc.summarize(records)[("pretrain", "rope3-nope1", "none")]
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "NeoX's quarter stays flat to four times the training length while p-RoPE's does not" in text
+    flat, prope = cells[("neox", 0.25)], cells[("prope", 0.25)]
+    assert max(flat["mean"][1:3]) <= flat["mean"][0] and prope["mean"][2] > 2 * prope["mean"][0]
+    assert "every model degrades by eight times" in text
+    assert all(c["mean"][3] > 2 * c["mean"][0] for c in [*cells.values(), layered])
+    assert "every model rotating at least a quarter of each head is equally good" in text
+    at64 = [cells[(k, f)]["mean"][0] for k in rv.KINDS for f in (0.25, 0.5, 1.0)]
+    assert max(at64) - min(at64) < 0.05
+    full = cells[("neox", 1.0)]
+    assert "the 3:1 stack behaves like all-RoPE" in text
+    assert all(max(layered["min"][k], full["min"][k]) <= min(layered["max"][k], full["max"][k]) for k in range(4))
