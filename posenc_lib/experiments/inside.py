@@ -205,14 +205,7 @@ def result_path(out, name: str, seed: int) -> Path:
 
 def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     """Train one model, measure it, write its result file."""
-    torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = lc.data(cfg)
-    set_seed(seed)
-    model = make_model(name, cfg, len(vocab))
-    t0 = time.perf_counter()
-    losses = lc.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
-                            warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)  # fmt: skip
-    seconds = time.perf_counter() - t0
+    vocab, eval_ids, model, losses, seconds = lc.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
     t1 = time.perf_counter()
     found = measure(name, model, cfg, eval_ids)
     rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),

@@ -294,16 +294,23 @@ def _record(kind, name, seed, cfg, model, losses, seconds, evals, **extra) -> di
             "train_seconds": round(seconds, 1), "eval": evals, "torch": torch.__version__, **extra}  # fmt: skip
 
 
-def pretrain(name: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
-    """Train one model at ``train_len``, evaluate its zero-shot methods, save weights and results."""
+def train_at_length(build, seed: int, cfg) -> tuple[list[str], torch.Tensor, torch.nn.Module, list[float], float]:
+    """The pre-training every character-LM experiment shares: read the data of ``cfg``, seed, build the model
+    (``build(vocab_size)``) and train it at ``cfg.train_len`` on ``cfg.threads`` threads.  Returns the vocabulary,
+    the held-out ids, the model, the training losses and the training wall time (s)."""
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = data(cfg)
     set_seed(seed)
-    model = make_model(name, cfg, len(vocab))
+    model = build(len(vocab))
     t0 = time.perf_counter()
     losses = train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
                          warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)  # fmt: skip
-    seconds = time.perf_counter() - t0
+    return vocab, eval_ids, model, losses, time.perf_counter() - t0
+
+
+def pretrain(name: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
+    """Train one model at ``train_len``, evaluate its zero-shot methods, save weights and results."""
+    vocab, eval_ids, model, losses, seconds = train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
     atomic_torch_save(model.state_dict(), ckpt_path(ckpt, cfg, name, seed))
     evals = {}
     for method in models(cfg)[name][2]:

@@ -88,14 +88,7 @@ def make_model(name: str, cfg: lc.LongContextConfig, vocab_size: int) -> CausalL
 
 def train_one(name: str, seed: int, cfg: lc.LongContextConfig, out) -> str:
     """Train one model at ``train_len`` and evaluate it at every length; write its result file."""
-    torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = lc.data(cfg)
-    set_seed(seed)
-    model = make_model(name, cfg, len(vocab))
-    t0 = time.perf_counter()
-    losses = lc.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
-                            warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)  # fmt: skip
-    seconds = time.perf_counter() - t0
+    vocab, eval_ids, model, losses, seconds = lc.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
     t1 = time.perf_counter()
     evals = {"none": lc.evaluate(model, eval_ids, cfg.eval_lengths)}
     rec = lc._record("pretrain", name, seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab),
