@@ -213,6 +213,52 @@ def test_first_token_mass_equals_the_uniform_baseline_when_attention_is_uniform(
     assert out["uniform"] == pytest.approx(np.mean([1 / (m + 1) for m in range(2, 10)]), abs=1e-5)
 
 
+def test_first_token_swaps_read_the_weights_of_the_edited_windows():
+    model = _lm("none")
+    tokens = torch.randint(1, 11, (4, 9))
+    out = tools.first_token_swaps(model, tokens, filler=0)
+    _, w = model(tokens, need_weights=True)
+    assert out["first"][1][0] == pytest.approx(float(w[1][:, 0, 2:, 0].mean()), abs=1e-5)
+    shifted = torch.cat([torch.zeros(4, 1, dtype=tokens.dtype), tokens[:, :-1]], dim=1)
+    _, w = model(shifted, need_weights=True)
+    assert out["moved"][0][1] == pytest.approx(float(w[0][:, 1, 2:, 1].mean()), abs=1e-5)
+    assert out["new_first"][0][1] == pytest.approx(float(w[0][:, 1, 2:, 0].mean()), abs=1e-5)
+    same = tools.first_token_swaps(model, torch.cat([torch.zeros(4, 1, dtype=tokens.dtype), tokens[:, 1:]], 1), 0)
+    assert same["replaced"] == same["first"]  # replacing a character by itself changes nothing
+    assert out["uniform"] == pytest.approx(np.mean([1 / (m + 1) for m in range(2, 9)]), abs=1e-5)
+    with pytest.raises(ValueError, match="at least 3 tokens"):
+        tools.first_token_swaps(model, tokens[:, :2], 0)
+
+
+def test_measuring_during_training_leaves_the_training_unchanged():
+    from posenc_lib.experiments import long_context as lc
+
+    ids = torch.randint(0, 11, (2000,))
+    kw = dict(length=12, batch=4, steps=7, lr=1e-3, warmup=2, grad_clip=1.0, seed=3, log_every=2)
+    torch.manual_seed(0)
+    plain = _lm("rope").requires_grad_(True)
+    base = lc.train_steps(plain, ids, **kw)
+    seen = []
+
+    def look(u, model):
+        assert not model.training and not torch.is_grad_enabled()
+        seen.append(u)
+        model(torch.randint(0, 11, (1, 5)))  # a forward pass in between changes nothing
+
+    torch.manual_seed(0)
+    watched = _lm("rope").requires_grad_(True)
+    gen = torch.Generator().manual_seed(9)
+    assert lc.train_steps(watched, ids, **kw, at=(0, 3, 7), on_update=lambda u, m: look(u, m) or torch.randint(
+        0, 1, (1,), generator=gen)) == base  # fmt: skip
+    assert seen == [0, 3, 7]
+    for a, b in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"updates \[8\] outside 0..7"):
+        lc.train_steps(watched, ids, **kw, at=(8,), on_update=look)
+    with pytest.raises(ValueError, match="needs on_update"):
+        lc.train_steps(watched, ids, **kw, at=(1,))
+
+
 @pytest.mark.parametrize("pe", ["rope", "alibi", "none"])
 def test_stream_without_eviction_equals_the_full_forward(pe):
     model = _lm(pe)
@@ -270,6 +316,13 @@ def test_smoke_run_writes_one_checked_file_per_model(smoke):
     assert np.asarray(rope["sinks"]["mass"]).shape == (2, 2)
     assert set(rope["stream"]["past_window"]) == {"dense", "window", "sinks", "recompute"}
     assert "sinks" not in next(r for r in recs if r["model"] == "nope-bidir")
+    for r in recs:
+        if r["model"] != "nope-bidir":
+            over = r["sinks_over_training"]
+            assert over["updates"] == list(cfg.sink_updates) and np.asarray(over["mass"]).shape == (3, 2, 2)
+            assert over["mass"][-1] == r["sinks"]["mass"]  # the last one is the trained model's
+            assert set(r["first_token"]) == {"first", "replaced", "new_first", "moved", "uniform", "filler"}
+    assert "sinks_over_training" not in next(r for r in recs if r["model"] == "nope-bidir")
     acc, seeds = ins.collect(recs, "nope", "probe.accuracy")
     assert acc.shape == (1, cfg.num_layers + 1) and seeds == [0]
     with pytest.raises(KeyError, match="no 'pair_norms'"):

@@ -84,6 +84,7 @@ class InsideConfig:
     band_pairs: int = 4  # rotation pairs frozen or dropped at each end of the ladder
     band_lengths: tuple[int, ...] = (64, 256)  # perplexity at these window lengths
     sink_windows: int = 64  # windows of train_len for the attention weight on the first token
+    sink_updates: tuple[int, ...] = (0, 100, 250, 500, 1000, 1500)  # ... measured after these updates
     cache: int = 64  # rolling cache size, in tokens
     sinks: int = 4  # first tokens kept in the cache
     streams: int = 8
@@ -112,6 +113,10 @@ class InsideConfig:
                 raise ValueError(f"eval_chars={self.eval_chars} is too short for {what} ({need} characters)")
         if not self.band_lengths or any(check_positive_int("band length", n) < 2 for n in self.band_lengths):
             raise ValueError(f"band_lengths must be lengths >= 2, got {self.band_lengths}")
+        if not self.sink_updates or any(not isinstance(u, int) or not 0 <= u <= self.steps for u in self.sink_updates):
+            raise ValueError(f"sink_updates must be updates in 0..steps={self.steps}, got {self.sink_updates}")
+        if self.train_len < 3:
+            raise ValueError(f"train_len={self.train_len}: the first-token measurements need windows of >= 3")
 
 
 #: ``course``: the lesson's numbers (timed with ``--time-updates``; see the README)
@@ -119,7 +124,7 @@ COURSE = InsideConfig()
 #: ``smoke``: seconds per model, for tests and the lesson before the course run exists; learns nothing
 SMOKE = replace(COURSE, name="smoke", train_lines=3000, eval_chars=4096, d_model=32, n_heads=2, num_layers=2,
                 dim_feedforward=64, train_len=16, steps=30, batch_size=8, warmup=5, probe_windows=32, probe_steps=30,
-                band_pairs=2, band_lengths=(16, 64), sink_windows=16, cache=16, sinks=2, streams=2, stream_len=64)  # fmt: skip
+                band_pairs=2, band_lengths=(16, 64), sink_windows=16, sink_updates=(0, 10, 30), cache=16, sinks=2, streams=2, stream_len=64)  # fmt: skip
 PROFILES = {"course": COURSE, "smoke": SMOKE}
 
 #: name -> (scheme, options, model class)
@@ -176,6 +181,8 @@ def measure(name: str, model: CausalLM, cfg: InsideConfig, eval_ids: torch.Tenso
     lengths = list(cfg.band_lengths)
     rec["nll"] = {"lengths": lengths, "none": [round(tools.mean_nll(model, eval_ids, n), 5) for n in lengths]}
     rec["sinks"] = tools.first_token_mass(model, few)
+    filler = int(torch.bincount(few.flatten()).argmax())  # the commonest character (a space)
+    rec["first_token"] = tools.first_token_swaps(model, few, filler)
     streams = eval_ids[: cfg.streams * cfg.stream_len].view(cfg.streams, cfg.stream_len)
     curves = {"dense": tools.stream_nll(model, streams, cache=None),
               "window": tools.stream_nll(model, streams, cache=cfg.cache, sinks=0),
@@ -205,9 +212,27 @@ def result_path(out, name: str, seed: int) -> Path:
 
 def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     """Train one model, measure it, write its result file."""
-    vocab, eval_ids, model, losses, seconds = lc.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
+    causal = MODELS[name][2] is CausalLM
+    few: list[torch.Tensor] = []  # the held-out windows, read once the data is loaded
+    over_training: dict[str, list] = {"updates": [], "mass": []}
+    spent = [0.0]
+
+    def sinks_now(u: int, model) -> None:
+        t = time.perf_counter()
+        if not few:
+            few.append(lc.data(cfg)[2][: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len))
+        over_training["updates"].append(u)
+        over_training["mass"].append(tools.first_token_mass(model, few[0])["mass"])
+        spent[0] += time.perf_counter() - t
+
+    at = cfg.sink_updates if causal else ()
+    vocab, eval_ids, model, losses, seconds = lc.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg, at=at,
+                                                                 on_update=sinks_now if causal else None)  # fmt: skip
+    seconds -= spent[0]
     t1 = time.perf_counter()
     found = measure(name, model, cfg, eval_ids)
+    if causal:
+        found["sinks_over_training"] = over_training
     rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(vocab),
            "train_loss": losses, "train_seconds": round(seconds, 1),

@@ -322,6 +322,35 @@ def first_token_mass(model: CausalLM, tokens: torch.Tensor, from_query: int = 1)
             "from_query": from_query}  # fmt: skip
 
 
+@torch.no_grad()
+def first_token_swaps(model: CausalLM, tokens: torch.Tensor, filler: int) -> dict[str, object]:
+    """Is the weight on the first token about its place or its content?  Per layer and head, the mean
+    attention weight of queries ``2 .. T-1`` on
+
+    * ``first``: key 0 of the windows as they are;
+    * ``replaced``: key 0 after its character is replaced by ``filler`` (same place, other content);
+    * ``new_first`` and ``moved``: after ``filler`` is put in front (the windows' last character drops), the
+      weight on the filler, now first, and on the original first character, now at place 1 (same content,
+      other place).
+
+    ``uniform`` is the weight a query would give any one key if it spread its attention evenly."""
+    t = tokens.shape[1]
+    if t < 3:
+        raise ValueError(f"windows need at least 3 tokens to compare keys 0 and 1 from queries 2.., got {t}")
+    model.eval()
+    replaced = tokens.clone()
+    replaced[:, 0] = filler
+    shifted = torch.cat([torch.full_like(tokens[:, :1], filler), tokens[:, :-1]], dim=1)
+
+    def mass(x: torch.Tensor, key: int) -> list[list[float]]:
+        _, weights = model(x, need_weights=True)
+        return [[round(v, 5) for v in w[:, :, 2:, key].mean(dim=(0, 2)).tolist()] for w in weights]
+
+    uniform = float((1.0 / torch.arange(3, t + 1, dtype=torch.float64)).mean()) if model.causal else 1 / t
+    return {"first": mass(tokens, 0), "replaced": mass(replaced, 0), "new_first": mass(shifted, 0),
+            "moved": mass(shifted, 1), "uniform": round(uniform, 5), "filler": int(filler)}  # fmt: skip
+
+
 def _check_streamable(model: CausalLM) -> None:
     for scheme, _ in model.layer_pos:
         if scheme.where == "input" or scheme.adds_scores or scheme.adds_values:
@@ -407,4 +436,4 @@ def recompute_nll(model: CausalLM, ids: torch.Tensor, window: int, *, batch: int
 __all__ = ["BAND_MODES", "rope_thetas", "partial_sums", "relative_upper_bound", "pair_products", "rope_score",
            "abel_bound", "expected_rope_score", "hidden_states", "probe_position", "probe_layers", "pair_index",
            "pair_norms", "queries_and_keys", "qk_pair_norms", "BandRoPE", "mean_nll", "score_by_distance", "first_token_mass",
-           "stream_nll", "recompute_nll"]  # fmt: skip
+           "first_token_swaps", "stream_nll", "recompute_nll"]  # fmt: skip

@@ -215,11 +215,31 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 
 def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, steps: int, lr: float, warmup: int,
-                grad_clip: float, seed: int, log_every: int = 50) -> list[float]:  # fmt: skip
-    """Train on random windows; returns the mean loss of every ``log_every`` updates."""
+                grad_clip: float, seed: int, log_every: int = 50, at: Sequence[int] = (),
+                on_update=None) -> list[float]:  # fmt: skip
+    """Train on random windows; returns the mean loss of every ``log_every`` updates.
+
+    ``on_update(u, model)`` is called in eval mode (no gradients) before training if ``0`` is in ``at`` and
+    after update ``u`` for every other ``u`` in ``at``: a way to measure the model during training.  It must not
+    draw from torch's global random generator; the training itself is then the same as without it."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
+    at = set(at)
+    if at and on_update is None:
+        raise ValueError("at= needs on_update=, the function to call at those updates")
+    bad = sorted(u for u in at if not 0 <= u <= steps)
+    if bad:
+        raise ValueError(f"at= holds updates {bad} outside 0..{steps}")
+
+    def visit(u: int) -> None:
+        if u in at:
+            model.eval()
+            with torch.no_grad():
+                on_update(u, model)
+            model.train()
+
     model.train()
+    visit(0)
     losses, window = [], torch.zeros(())
     for step in range(steps):
         for group in opt.param_groups:
@@ -234,7 +254,12 @@ def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, 
             n = (step % log_every) + 1
             losses.append(round(float(window) / n, 5))  # read from the device only here
             window = torch.zeros(())
+        if step + 1 < steps:
+            visit(step + 1)
     model.eval()
+    if steps in at and steps:
+        with torch.no_grad():
+            on_update(steps, model)
     return losses
 
 
@@ -294,17 +319,19 @@ def _record(kind, name, seed, cfg, model, losses, seconds, evals, **extra) -> di
             "train_seconds": round(seconds, 1), "eval": evals, "torch": torch.__version__, **extra}  # fmt: skip
 
 
-def train_at_length(build, seed: int, cfg) -> tuple[list[str], torch.Tensor, torch.nn.Module, list[float], float]:
+def train_at_length(build, seed: int, cfg, *, at: Sequence[int] = (),
+                    on_update=None) -> tuple[list[str], torch.Tensor, torch.nn.Module, list[float], float]:
     """The pre-training every character-LM experiment shares: read the data of ``cfg``, seed, build the model
     (``build(vocab_size)``) and train it at ``cfg.train_len`` on ``cfg.threads`` threads.  Returns the vocabulary,
-    the held-out ids, the model, the training losses and the training wall time (s)."""
+    the held-out ids, the model, the training losses and the training wall time (s, measurements at ``at``
+    included; see :func:`train_steps` for ``at`` and ``on_update``)."""
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = data(cfg)
     set_seed(seed)
     model = build(len(vocab))
     t0 = time.perf_counter()
     losses = train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
-                         warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)  # fmt: skip
+                         warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed, at=at, on_update=on_update)  # fmt: skip
     return vocab, eval_ids, model, losses, time.perf_counter() - t0
 
 
