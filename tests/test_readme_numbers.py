@@ -283,3 +283,35 @@ def test_readme_rope_variants_summary_matches_results():
     full = cells[("neox", 1.0)]
     assert "the 3:1 stack behaves like all-RoPE" in text
     assert all(max(layered["min"][k], full["min"][k]) <= min(layered["max"][k], full["max"][k]) for k in range(4))
+
+
+def test_readme_inside_summary_matches_results():
+    """The README's reading of the lesson-16 run, checked against its result files."""
+    import numpy as np
+
+    from posenc_lib.experiments import inside as ins
+
+    records = ins.load_results(ROOT / "results" / "inside")
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    train = [r["train_seconds"] for r in records]
+    total = sum(r["train_seconds"] + r["measure_seconds"] for r in records) / 60
+    assert f"(12 models, {min(train):.0f}–{max(train):.0f} s of training each on one thread, {total:.0f} minutes" in text
+    assert len(records) == 12
+    nope = ins.collect(records, "nope", "probe.accuracy")[0][:, 2]
+    assert f"(0.{int(round(nope.min() * 100))}–0.{int(round(nope.max() * 100))} at layer 2 against chance 0.016)" in text
+    assert (ins.collect(records, "nope-bidir", "probe.accuracy")[0] <= 1 / 64 + 5 * (1 / 64 * 63 / 64 / (256 * 64)) ** 0.5).all()
+    assert "and never in bidirectional NoPE" in text
+    base = ins.collect(records, "rope", "nll.none")[0][:, 0]
+    low = ins.collect(records, "rope", "nll.freeze-low")[0][:, 0] - base
+    high = ins.collect(records, "rope", "nll.freeze-high")[0][:, 0] - base
+    assert "freezing the 4 slowest rotation pairs (p-RoPE's cut) is free while freezing the 4 fastest costs " \
+           f"{high.min():.1f}–{high.max():.1f} nats" in text and (np.abs(low) <= 0.005).all()
+    assert "no head reaches 5× the uniform weight on the first token" in text
+    for name in ("rope", "alibi", "nope"):
+        ratio = ins.collect(records, name, "sinks.mass")[0] / ins.collect(records, name, "sinks.uniform")[0][:, None, None]
+        assert ratio.max() < 5
+    past = {m: ins.collect(records, "nope", f"stream.past_window.{m}")[0] for m in ("sinks", "recompute")}
+    rope = {m: ins.collect(records, "rope", f"stream.past_window.{m}")[0] for m in ("window", "recompute")}
+    assert "a rolling cache costs RoPE nothing" in text and (np.abs(rope["window"] - rope["recompute"]) <= 0.002).all()
+    assert "causal NoPE's cache stays more than 1.1 nats behind the recomputed window" in text
+    assert (past["sinks"] - past["recompute"] > 1.1).all()
