@@ -9,7 +9,7 @@ A verdict's mark is ``"✓"`` (meets it), ``"✗"`` (fails it) or ``"~"`` (partl
 A check returns ``True`` when the verdict's *claim* holds: for a ``"✗"`` verdict that is the failure
 it states (for example "the norm grows with t").
 
-Extending it (lessons 07-10): add one ``Entry(scheme, lesson, {requirement: Verdict(...)})`` to
+Extending it: add one ``Entry(scheme, lesson, {requirement: Verdict(...)})`` to
 ``ENTRIES`` below (or call :func:`register` with it), giving a check function wherever the claim can be
 measured on the library in well under a second, then end that lesson's summary with ``show(upto=LESSON)``.
 
@@ -690,9 +690,11 @@ ENTRIES += [
         "deterministic": Verdict("✓", "a fixed formula, no parameters"),
         "bounded": Verdict("✓", "a rotation keeps every norm", lambda: _partial_norm_kept("neox")),
         "consistent across lengths": Verdict("✓", "the angle depends on t only"),
-        "beyond training length": Verdict("~", "like RoPE, its slow pairs meet unseen angles; the other dimensions "
-                                               "never move", _neox_slow_pairs_stay_on_an_arc),
-        "relative distance readable": Verdict("✓", "scores depend on m - n only", lambda: _partial_scores_relative("neox")),
+        "beyond training length": Verdict("~", "like RoPE, its slow pairs meet relative phases never seen in "
+                                               "training; the other dimensions never move",
+                                          _neox_slow_pairs_stay_on_an_arc),
+        "relative distance readable": Verdict("✓", "scores depend on n - m only (key minus query)",
+                                              lambda: _partial_scores_relative("neox")),
     }),
     Entry("p-RoPE", 15, {
         "unique": Verdict("~", "distinct, but read from fast pairs only, which come back near earlier angles",
@@ -702,7 +704,7 @@ ENTRIES += [
         "consistent across lengths": Verdict("✓", "the angle depends on t only"),
         "beyond training length": Verdict("~", "every kept pair turns fully within a few dozen positions, so no angle "
                                                "is new; " + _EXTRAPOLATION, _prope_kept_pairs_all_turn_within_64),
-        "relative distance readable": Verdict("✓", "scores depend on m - n only (fine distances only)",
+        "relative distance readable": Verdict("✓", "scores depend on n - m only (fine distances only)",
                                               lambda: _partial_scores_relative("proportional")),
     }),
 ]
