@@ -169,9 +169,32 @@ def test_modules_stay_small(name):
     assert lines < 900, f"{name}: {lines} lines"
 
 
+def _documents() -> list[Path]:
+    """The files whose text names modules, commands and files: README, lessons, library, tests, tools, docs."""
+    return [ROOT / "README.md", ROOT / "Makefile", ROOT / "data" / "SOURCES.md", *(ROOT / "notebooks").glob("*.ipynb"),
+            *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.md"),
+            *(ROOT / "scripts").iterdir(), *(ROOT / "book").glob("*.py"), *LIB.rglob("*.py")]
+
+
 def test_results_hold_data_not_code():
-    """Experiment entry points live in the library or scripts/, never under results/."""
+    """Experiment entry points live in the library or scripts/, never under results/, and nothing points at a
+    script there (a lesson names the ``python -m`` command that made its results)."""
     assert not [p.relative_to(ROOT).as_posix() for p in (ROOT / "results").rglob("*.py")]
+    pattern = re.compile(r"results/[\w./-]*\.py\b")
+    bad = [f"{path.relative_to(ROOT)}:{i}: {m.group(0)}" for path in _documents() if path != Path(__file__)
+           for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) for m in pattern.finditer(line)]
+    assert not bad, bad
+
+
+def test_readme_links_to_library_files_say_which_file():
+    """A README link into posenc_lib is labelled with the file it opens (``layer.py`` or ``attention/layer.py``),
+    not with the name of a module that moved (``attention.py`` for ``attention/layer.py``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\[`?([^\]`]+?)`?\]\((posenc_lib/[\w/]+\.py)\)", readme)
+    assert len(links) >= 20
+    wrong = [f"[{label}]({target})" for label, target in links
+             if label.endswith(".py") and not target.endswith("/" + label.removeprefix("posenc_lib/"))]
+    assert not wrong, wrong
 
 
 def test_public_names_still_import_from_the_package():
@@ -189,10 +212,7 @@ def test_no_old_module_paths_in_the_tree():
     # attention and schemes are packages now: only their old file paths are stale
     pattern = re.compile(rf"posenc_lib[./](?:(?:{flat})\b(?!-)|(?:attention|schemes)\.py\b)")
     bad = []
-    files = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "tests").glob("*.py"),
-             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.md"), *(ROOT / "scripts").iterdir(),
-             *(ROOT / "book").glob("*.py"), *LIB.rglob("*.py")]
-    for path in files:
+    for path in _documents():
         if path == Path(__file__):
             continue
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
