@@ -10,10 +10,14 @@ Reads the notebooks and the README as text; nothing is executed. Three kinds of 
 * every "lesson NN" / "notebook NN" / "lessons NN-MM" in the notebooks and the README names a lesson that
   exists (a coming one only where the sentence says it is coming), and a sentence that names a lesson and a
   topic of another lesson (say "lesson 11" next to a reversal task, which lesson 13 trains) must name that
-  lesson too: that is how a number left over from an older course order shows up.
+  lesson too: that is how a number left over from an older course order shows up. The same check reads the
+  docstrings of the library and the benchmarks (the website's library pages; a path such as
+  ``notebooks/13_length_extrapolation.ipynb`` counts as naming lesson 13) and the other Markdown pages of the
+  site; the code, stored outputs, tests and scripts are checked for numbers of lessons that do not exist.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -232,6 +236,53 @@ def test_lesson_mentions_in_the_readme_fit_the_course_order():
     assert not errors, "\n".join(errors)
 
 
+LESSON_PATH = re.compile(r"notebooks/(\d\d)_\w+\.ipynb")
+
+
+def docstrings(path: Path) -> str:
+    """Every docstring of a Python file (module, classes, functions), with ``notebooks/NN_name.ipynb`` read as
+    "lesson NN"."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs = [ast.get_docstring(n) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    return LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", "\n\n".join(d for d in docs if d))
+
+
+def _library_files() -> list[Path]:
+    return sorted((ROOT / "posenc_lib").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+
+
+def test_lesson_mentions_in_library_docstrings_and_pages_fit_the_course_order():
+    errors = []
+    for path in _library_files():
+        errors += [f"{path.relative_to(ROOT)}: {e}" for e in topic_errors(docstrings(path))]
+    for page in ("benchmarks/README.md", "data/SOURCES.md"):
+        errors += [f"{page}: {e}" for e in topic_errors((ROOT / page).read_text(encoding="utf-8"))]
+    assert not errors, "\n".join(errors)
+
+
+def _code_and_outputs(path: Path) -> str:
+    parts = []
+    for cell in _cells(path):
+        if cell["cell_type"] != "code":
+            continue
+        parts.append("".join(cell["source"]))
+        for out in cell.get("outputs", []):
+            parts.append("".join(out.get("text", "")))
+            parts += ["".join(v) for k, v in out.get("data", {}).items() if k.startswith("text/")]
+    return "\n\n".join(parts)
+
+
+def test_lesson_numbers_in_code_outputs_tests_and_scripts_exist():
+    texts = [(p.name, _code_and_outputs(p)) for p in _notebooks()]
+    files = [*_library_files(), *sorted((ROOT / "tests").glob("*.py")), *sorted((ROOT / "scripts").iterdir())]
+    texts += [(p.relative_to(ROOT).as_posix(), p.read_text(encoding="utf-8")) for p in files if p != Path(__file__)]
+    existing = _existing()
+    missing = [f"{name}: lesson(s) {sorted(group - existing)}" for name, text in texts
+               for group in mentioned(LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", text)) if group - existing]
+    assert not missing, missing
+
+
 def test_the_mention_check_catches_old_numbers():
     """The checks above, on sentences written for an older order of the course."""
     assert mentioned("lessons 02–04 try candidates; lesson 03's code; notebooks 13, 14 and 17") == \
@@ -247,6 +298,10 @@ def test_the_mention_check_catches_old_numbers():
     assert not topic_errors("Lessons 14 and 15 rescale frequencies: YaRN and LongRoPE.")
     assert not topic_errors("Lesson 13 trains both forms on a reversal task.")
     assert not topic_errors("Lesson 11's note on Universal RPE returns to what that costs.")
+    # a library docstring names lessons by their notebooks too
+    doc = "Used by the length-extrapolation experiment (notebooks/11_length_extrapolation" + ".ipynb)."  # an old name
+    assert topic_errors(LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", doc))
+    assert mentioned(LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", "see notebooks/18_more" + ".ipynb")) == [{18}]
 
 
 def test_a_coming_lesson_may_be_named_only_as_coming(monkeypatch):

@@ -297,20 +297,6 @@ def test_every_scheme_builds_for_the_course_profile():
         assert m.pe == pe and m.vocab_size == cfg.vocab_size
 
 
-def test_bleu_by_source_length_buckets():
-    refs = ["the cat sat on the mat", "a dog", "hello world again and again", "one two three four five six seven"]
-    hyps = ["the cat sat on the mat", "a cat", "hello world again and again", "nothing alike here"]
-    rows = ex.bleu_by_source_length(hyps, refs, [6, 2, 5, 30], [0, 5, 25], train_max_len=24)
-    assert [r["bucket"] for r in rows] == ["0-4", "5-24", "25+"]
-    assert [r["sentences"] for r in rows] == [1, 2, 1]
-    assert rows[1]["bleu"] == pytest.approx(100.0) and rows[2]["bleu"] < 10
-    assert [r["beyond_training"] for r in rows] == [False, False, True]
-    with pytest.raises(ValueError, match="strictly increasing"):
-        ex.bleu_by_source_length(hyps, refs, [1, 2, 3, 4], [0, 10, 5])
-    with pytest.raises(ValueError, match="differ in length"):
-        ex.bleu_by_source_length(hyps, refs[:2], [1, 2, 3, 4], [0, 10])
-
-
 def test_alibi_split_variant_is_a_run_of_its_own():
     from posenc_lib.experiments import extrapolation as ex
 

@@ -2,7 +2,9 @@
 
 The import graph is read from the source with ``ast`` (nothing is imported), with every import
 counted, including the ones inside functions: a circle that only closes at run time is still a
-circle a reader has to untangle.
+circle a reader has to untangle. Importing ``a.b.c`` also runs ``a/b/__init__.py``, so it counts as
+importing the package ``a.b`` too (unless ``a.b`` contains the importing module): a package whose
+``__init__`` imports a module that imports the package back is a circle as well.
 """
 from __future__ import annotations
 
@@ -19,13 +21,13 @@ LIB = ROOT / "posenc_lib"
 LAYERS = ("utils", "attention", "schemes", "models", "experiments", "course")
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def library_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(LIB.rglob("*.py"))}
+def library_modules(lib: Path = LIB) -> dict[str, Path]:
+    return {module_name(p, lib.parent): p for p in sorted(lib.rglob("*.py"))}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -35,7 +37,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == "posenc_lib"}
+            found |= {a.name for a in node.names if a.name.split(".")[0] == name.split(".")[0]}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -43,7 +45,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] != "posenc_lib":
+            if target.split(".")[0] != name.split(".")[0]:
                 continue
             subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules]
             if subs and len(subs) == len(node.names):
@@ -51,11 +53,14 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
             else:
                 found.add(target)
                 found |= set(subs)
+    # importing a.b.c runs the __init__ of a.b first: a package the importer does not sit in is imported too
+    parents = {".".join(m.split(".")[:k]) for m in found for k in range(2, m.count(".") + 1)}
+    found |= {p for p in parents if not name.startswith(p + ".")}
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
-    modules = library_modules()
+def import_graph(lib: Path = LIB) -> dict[str, set[str]]:
+    modules = library_modules(lib)
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
 
@@ -98,6 +103,30 @@ def test_cycle_finder_finds_a_circle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def _package(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root / "pkg"
+
+
+def test_graph_finds_circles_in_source(tmp_path):
+    """The graph built from source shows a circle closed by an import inside a function, and one closed by a
+    package's ``__init__`` (importing ``pkg.sub.a`` runs ``pkg/sub/__init__.py``); a one-way package has none."""
+    lazy = _package(tmp_path / "lazy", {"__init__.py": "", "a.py": "from .b import f\n",
+                                        "b.py": "def f():\n    from .a import g\n"})
+    assert find_cycle(import_graph(lazy)) == ["pkg.a", "pkg.b", "pkg.a"]
+    through_init = _package(tmp_path / "init", {
+        "__init__.py": "", "x.py": "def g():\n    from .sub.a import h\n",
+        "sub/__init__.py": "from .b import k\n", "sub/a.py": "", "sub/b.py": "from ..x import g\n"})
+    assert "pkg.sub" in import_graph(through_init)["pkg.x"]
+    assert find_cycle(import_graph(through_init)) == ["pkg.sub", "pkg.sub.b", "pkg.x", "pkg.sub"]
+    one_way = _package(tmp_path / "ok", {"__init__.py": "from .sub import b\n", "x.py": "",
+                                         "sub/__init__.py": "from . import b\n", "sub/b.py": "from ..x import *\n"})
+    assert find_cycle(import_graph(one_way)) is None
+
+
 def test_imports_run_one_way():
     """utils <- attention <- schemes <- models <- experiments <- course: nothing imports a higher part
     (in particular the attention kernels never import a scheme)."""
@@ -116,6 +145,10 @@ def test_graph_reads_relative_imports():
     assert "posenc_lib.attention.layer" in graph["posenc_lib.schemes.rotary"]  # imported inside the module
     assert "posenc_lib.experiments.wmt14.pipeline" in graph["posenc_lib.experiments.wmt14.calibrate"]
     assert "posenc_lib.experiments.wmt14.pipeline" not in graph["posenc_lib.experiments.wmt14.train"]
+    # long_context reads the shipped text through wmt14.data, which runs the wmt14 package's __init__
+    assert "posenc_lib.experiments.wmt14" in graph["posenc_lib.experiments.long_context"]
+    # a module never counts the package it sits in
+    assert "posenc_lib.experiments.wmt14" not in graph["posenc_lib.experiments.wmt14.calibrate"]
 
 
 def test_folders_name_the_parts():
@@ -136,9 +169,32 @@ def test_modules_stay_small(name):
     assert lines < 900, f"{name}: {lines} lines"
 
 
+def _documents() -> list[Path]:
+    """The files whose text names modules, commands and files: README, lessons, library, tests, tools, docs."""
+    return [ROOT / "README.md", ROOT / "Makefile", ROOT / "data" / "SOURCES.md", *(ROOT / "notebooks").glob("*.ipynb"),
+            *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.md"),
+            *(ROOT / "scripts").iterdir(), *(ROOT / "book").glob("*.py"), *LIB.rglob("*.py")]
+
+
 def test_results_hold_data_not_code():
-    """Experiment entry points live in the library or scripts/, never under results/."""
+    """Experiment entry points live in the library or scripts/, never under results/, and nothing points at a
+    script there (a lesson names the ``python -m`` command that made its results)."""
     assert not [p.relative_to(ROOT).as_posix() for p in (ROOT / "results").rglob("*.py")]
+    pattern = re.compile(r"results/[\w./-]*\.py\b")
+    bad = [f"{path.relative_to(ROOT)}:{i}: {m.group(0)}" for path in _documents() if path != Path(__file__)
+           for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) for m in pattern.finditer(line)]
+    assert not bad, bad
+
+
+def test_readme_links_to_library_files_say_which_file():
+    """A README link into posenc_lib is labelled with the file it opens (``layer.py`` or ``attention/layer.py``),
+    not with the name of a module that moved (``attention.py`` for ``attention/layer.py``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = re.findall(r"\[`?([^\]`]+?)`?\]\((posenc_lib/[\w/]+\.py)\)", readme)
+    assert len(links) >= 20
+    wrong = [f"[{label}]({target})" for label, target in links
+             if label.endswith(".py") and not target.endswith("/" + label.removeprefix("posenc_lib/"))]
+    assert not wrong, wrong
 
 
 def test_public_names_still_import_from_the_package():
@@ -156,10 +212,7 @@ def test_no_old_module_paths_in_the_tree():
     # attention and schemes are packages now: only their old file paths are stale
     pattern = re.compile(rf"posenc_lib[./](?:(?:{flat})\b(?!-)|(?:attention|schemes)\.py\b)")
     bad = []
-    files = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "notebooks").glob("*.ipynb"), *(ROOT / "tests").glob("*.py"),
-             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "benchmarks").glob("*.md"), *(ROOT / "scripts").iterdir(),
-             *(ROOT / "book").glob("*.py"), *LIB.rglob("*.py")]
-    for path in files:
+    for path in _documents():
         if path == Path(__file__):
             continue
         for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -11,6 +11,7 @@ import torch
 from posenc_lib import PE_TYPES, build_model, greedy_decode
 from posenc_lib.models.beam import beam_search
 from posenc_lib.experiments.wmt14.data import load_wmt14, read_parallel
+from posenc_lib.experiments.wmt14.evaluate import bleu_by_source_length
 from posenc_lib.experiments.wmt14.train import get_profile, lr_at, make_batches
 from posenc_lib.experiments.wmt14 import bleu_by_length, main, parse_pes, prepare_data, run
 
@@ -188,6 +189,20 @@ def test_bad_inputs_give_clear_errors(tmp_path):
         load_wmt14(tmp_path / "nowhere", source="files")
     with pytest.raises(ValueError, match="unknown direction 'de-en'"):
         prepare_data(prof, tmp_path / "r", direction="de-en", data_dir=d, source="files")
+
+
+def test_bleu_by_source_length_buckets():
+    refs = ["the cat sat on the mat", "a dog", "hello world again and again", "one two three four five six seven"]
+    hyps = ["the cat sat on the mat", "a cat", "hello world again and again", "nothing alike here"]
+    rows = bleu_by_source_length(hyps, refs, [6, 2, 5, 30], [0, 5, 25], train_max_len=24)
+    assert [r["bucket"] for r in rows] == ["0-4", "5-24", "25+"]
+    assert [r["sentences"] for r in rows] == [1, 2, 1]
+    assert rows[1]["bleu"] == pytest.approx(100.0) and rows[2]["bleu"] < 10
+    assert [r["beyond_training"] for r in rows] == [False, False, True]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        bleu_by_source_length(hyps, refs, [1, 2, 3, 4], [0, 10, 5])
+    with pytest.raises(ValueError, match="differ in length"):
+        bleu_by_source_length(hyps, refs[:2], [1, 2, 3, 4], [0, 10])
 
 
 def test_save_figures_leaves_the_plotting_backend_alone(tmp_path):

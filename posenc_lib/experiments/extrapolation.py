@@ -782,37 +782,6 @@ def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int,
         ax.set_title(title)
 
 
-# -- translation: BLEU by source length -----------------------------------------------------------
-def bleu_by_source_length(hyps: Sequence[str], refs: Sequence[str], src_lengths: Sequence[int],
-                          edges: Sequence[int], *, train_max_len: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Corpus BLEU and chrF per bucket of source length (tokens), e.g. for WMT14 test sets.
-
-    Buckets are ``[edges[k], edges[k+1])``; the last is open-ended (``edges[-1]`` and
-    above).  ``train_max_len`` (the longest source seen in training) marks which
-    buckets lie wholly beyond the training lengths.  Empty buckets are left out.
-    """
-    from .wmt14.evaluate import bleu_chrf
-
-    if not len(hyps) == len(refs) == len(src_lengths):
-        raise ValueError(f"hyps, refs and src_lengths differ in length: {len(hyps)}, {len(refs)}, {len(src_lengths)}")
-    edges = [int(e) for e in edges]
-    if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 0:
-        raise ValueError(f"edges must be non-negative and strictly increasing, got {edges}")
-    rows = []
-    for k, lo in enumerate(edges):
-        hi = edges[k + 1] if k + 1 < len(edges) else None
-        idx = [i for i, n in enumerate(src_lengths) if n >= lo and (hi is None or n < hi)]
-        if not idx:
-            continue
-        res = bleu_chrf([hyps[i] for i in idx], [refs[i] for i in idx])
-        rows.append({
-            "bucket": f"{lo}-{hi - 1}" if hi is not None else f"{lo}+", "min_len": lo, "max_len": hi - 1 if hi else None,
-            "sentences": len(idx), "bleu": res["bleu"], "chrf": res["chrf"],
-            "beyond_training": None if train_max_len is None else lo > train_max_len,
-        })  # fmt: skip
-    return rows
-
-
 # -- command line ---------------------------------------------------------------------------------
 def all_runs(arch: str) -> list[str]:
     """Every run of :data:`RUN_ORDER` that differs from the others in ``arch``.

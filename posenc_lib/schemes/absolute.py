@@ -66,7 +66,7 @@ class LearnedPositionalEmbedding(nn.Module):
     """A trainable table ``P`` of shape ``(max_len, d_model)``; ``forward(positions) = P[positions]``.
 
     Positions at or beyond ``max_len`` raise a ``ValueError``: a learned table
-    has no row for them (this is the extrapolation failure lesson 04 shows).
+    has no row for them (lesson 04 shows what that costs beyond the training length).
     """
 
     def __init__(self, max_len: int, d_model: int, init_std: float = 0.02):

@@ -5,6 +5,8 @@
   on detokenized text with sacreBLEU's own tokenizer, reported with a signature
   so that numbers are comparable.  Papers before 2018 often report BLEU on their
   own tokenization, which is not comparable.
+* BLEU and chrF by bucket of source length (:func:`bleu_by_source_length`): how each model does on
+  sentences longer than any it was trained on.
 * Paired bootstrap resampling (Koehn 2004): resample the test sentences 1000
   times and count how often system B fails to beat system A; a small p-value
   means the difference is not an accident of which sentences were tested.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Any, Sequence
 
 import torch
 
@@ -135,6 +138,34 @@ def bleu_chrf(hyps: list[str], refs: list[str]) -> dict:
         "bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_bp": round(b.bp, 3),
         "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
     }  # fmt: skip
+
+
+def bleu_by_source_length(hyps: Sequence[str], refs: Sequence[str], src_lengths: Sequence[int],
+                          edges: Sequence[int], *, train_max_len: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Corpus BLEU and chrF per bucket of source length (tokens), e.g. for WMT14 test sets.
+
+    Buckets are ``[edges[k], edges[k+1])``; the last is open-ended (``edges[-1]`` and
+    above).  ``train_max_len`` (the longest source seen in training) marks which
+    buckets lie wholly beyond the training lengths.  Empty buckets are left out.
+    """
+    if not len(hyps) == len(refs) == len(src_lengths):
+        raise ValueError(f"hyps, refs and src_lengths differ in length: {len(hyps)}, {len(refs)}, {len(src_lengths)}")
+    edges = [int(e) for e in edges]
+    if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 0:
+        raise ValueError(f"edges must be non-negative and strictly increasing, got {edges}")
+    rows = []
+    for k, lo in enumerate(edges):
+        hi = edges[k + 1] if k + 1 < len(edges) else None
+        idx = [i for i, n in enumerate(src_lengths) if n >= lo and (hi is None or n < hi)]
+        if not idx:
+            continue
+        res = bleu_chrf([hyps[i] for i in idx], [refs[i] for i in idx])
+        rows.append({
+            "bucket": f"{lo}-{hi - 1}" if hi is not None else f"{lo}+", "min_len": lo, "max_len": hi - 1 if hi else None,
+            "sentences": len(idx), "bleu": res["bleu"], "chrf": res["chrf"],
+            "beyond_training": None if train_max_len is None else lo > train_max_len,
+        })  # fmt: skip
+    return rows
 
 
 def paired_bootstrap(systems: dict[str, list[str]], refs: list[str], n_samples: int = 1000) -> list[dict]:

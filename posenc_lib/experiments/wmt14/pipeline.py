@@ -46,7 +46,8 @@ from ...schemes.registry import PE_TYPES, canonical_pe
 from ...utils import (FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores,
                       check_choice, one_line, read_json, read_lines_exact)
 from .data import hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
-from .evaluate import bertscore_f1, bertscore_model, bleu_chrf, paired_bootstrap, shuffle_words, translate
+from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
+                       translate)
 from .tokenizer import get_tokenizer
 from .train import Profile, barrier, cuda_bf16_native, dist_info, resolve_precision, train_model
 
@@ -679,8 +680,6 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     from ``run_dir``; ``seed`` picks one seed (default: the first one of each scheme).  Buckets
     starting beyond the training length limit (``max_tokens``) are marked ``beyond_training``.
     """
-    from ..extrapolation import bleu_by_source_length
-
     check_choice("test", test, ("heldout", "newstest2014"))
     run_dir = Path(run_dir)
     need = [run_dir / f"src.{test}.txt", run_dir / f"ref.{test}.txt", run_dir / "results.json"]
