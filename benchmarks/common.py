@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from posenc_lib import PE_TYPES, build_model, set_seed
+from posenc_lib import PE_TYPES, SURVEY_TYPES, build_model, set_seed
 from posenc_lib.utils import available_cores
 from posenc_lib.schemes.shaw import ShawRelative
 from posenc_lib.utils import check_divides, check_float_range, check_int_range
@@ -26,6 +26,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 #: contrast scheme: Shaw et al. with the (L, L, d) tables materialised (not in PE_TYPES)
 NAIVE_SHAW = "shaw_naive"
 ALL_SCHEMES: tuple[str, ...] = PE_TYPES + (NAIVE_SHAW,)
+#: every name ``--schemes`` accepts: the published suite's (the default) and lesson 11's newer schemes, measured in
+#: a run of their own (benchmarks/results/survey)
+VALID_SCHEMES: tuple[str, ...] = ALL_SCHEMES + SURVEY_TYPES
 
 
 @dataclass
@@ -89,11 +92,11 @@ class BenchConfig:
 
 
 def check_schemes(names) -> tuple[str, ...]:
-    """Validate scheme names against :data:`ALL_SCHEMES`; ``none`` is always measured (the reference)."""
-    names = tuple(n.strip() for n in names if n.strip())
-    bad = [n for n in names if n not in ALL_SCHEMES]
+    """Validate scheme names against :data:`VALID_SCHEMES`; ``none`` is always measured (the reference)."""
+    names = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
+    bad = [n for n in names if n not in VALID_SCHEMES]
     if bad:
-        raise ValueError(f"unknown scheme(s) {bad}; valid choices: {', '.join(ALL_SCHEMES)}")
+        raise ValueError(f"unknown scheme(s) {bad}; valid choices: {', '.join(VALID_SCHEMES)}")
     if "none" not in names:
         names = ("none",) + names
     return names

@@ -304,7 +304,7 @@ def test_readme_inside_summary_matches_results():
     base = ins.collect(records, "rope", "nll.none")[0][:, 0]
     low = ins.collect(records, "rope", "nll.freeze-low")[0][:, 0] - base
     high = ins.collect(records, "rope", "nll.freeze-high")[0][:, 0] - base
-    assert "freezing the 4 slowest rotation pairs (p-RoPE's cut) is free while freezing the 4 fastest costs " \
+    assert "freezing the 4 slowest rotation pairs (lesson 15's p-RoPE cut) is free while freezing the 4 fastest costs " \
            f"{high.min():.1f}–{high.max():.1f} nats" in text and (np.abs(low) <= 0.005).all()
     assert "no head reaches 5× the uniform weight on the first token" in text
     for name in ("rope", "alibi", "nope"):
