@@ -109,6 +109,8 @@ RESULT_COMMANDS = {
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
     "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra",
+    "results/rope_variants": "python -m posenc_lib.experiments.rope_variants --profile course --seeds 0,1,2 --out "
+                             "results/rope_variants --jobs 2",
     "results/cope_counting": "python -m posenc_lib.experiments.cope_counting --profile course --seeds 0,1,2 --out "
                              "results/cope_counting --jobs 2",
     "results/inside": "python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside "
