@@ -754,3 +754,60 @@ def test_benchmark_scripts_say_what_ctrl_c_kept(tmp_path, monkeypatch):
     assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted: nothing was written"), lines
     assert not (tmp_path / "speed.json").exists()
 
+
+def _lesson_cells():
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for k, cell in enumerate(json.loads(nb.read_text(encoding="utf-8"))["cells"]):
+            if cell["cell_type"] == "code":
+                yield f"{nb.name} cell {k}", "".join(cell["source"])
+
+
+def test_lessons_read_committed_results_through_results_file():
+    """Lessons opened before their results exist: each file is read through results_file (one line naming the
+    command that makes it), each folder checked with results_files (or an existence test) before it is read,
+    not a raw "No such file or directory"."""
+    import re
+
+    raw = []
+    for where, src in _lesson_cells():
+        for m in re.finditer(r"\.read_text\(", src):
+            before = src[: m.start()]
+            if before.endswith(")"):  # (PATH).read_text(): PATH must be results_file's argument
+                depth, i = 0, len(before) - 1
+                while i >= 0:
+                    depth += {")": 1, "(": -1}.get(before[i], 0)
+                    if depth == 0:
+                        break
+                    i -= 1
+                ok = before[:i].endswith("results_file")
+            else:  # NAME.read_text(): NAME must run over files found by results_files or a glob
+                name = re.search(r"(\w+)$", before).group(1)
+                ok = re.search(rf"for {name} in (results_files\(|sorted\(\w+\.glob\()", src) is not None
+            if not ok:
+                raw.append(f"{where}: {src[max(0, m.start() - 70) : m.end()]!r}")
+        for m in re.finditer(r"\w+\.load_results\(([^)]*)\)", src):
+            if "tmp" not in m.group(1) and not re.search(r"results_files\(|\.is_dir\(\)|\.glob\(", src):
+                raw.append(f"{where}: {m.group(0)!r}")
+    assert raw == []
+
+
+def test_every_committed_results_file_names_how_it_is_made(tmp_path):
+    """Every committed results file (results/, benchmarks/results/) has a command in RESULT_COMMANDS, or is
+    marked as a record of an earlier measurement; the lessons' messages name it."""
+    from posenc_lib.course.notebook import _NO_MATCH, _entry_for, results_file, results_files
+
+    committed = [p for folder in ("results", "benchmarks/results") for p in (ROOT / folder).rglob("*")
+                 if p.is_file() and not p.name.startswith(".")]
+    assert len(committed) > 100
+    assert [str(p.relative_to(ROOT)) for p in committed if _entry_for(p) is _NO_MATCH] == []
+    with pytest.raises(FileNotFoundError, match=r"timing\.json does not exist yet: make it with `python -m posenc_lib\."
+                                                r"experiments\.rope_variants --profile course --time-updates 20"):
+        results_file(tmp_path / "results" / "rope_variants" / "timing.json")
+    with pytest.raises(FileNotFoundError, match=r"no \*_seed\*\.json in .*rope_variants yet: make them with `python -m "
+                                                r"posenc_lib\.experiments\.rope_variants --profile course"):
+        results_files(tmp_path / "results" / "rope_variants", "*_seed*.json")
+    with pytest.raises(FileNotFoundError) as err:
+        results_file(tmp_path / "benchmarks" / "results" / "train_full_keys.json")
+    assert "does not exist: it records an earlier measurement" in str(err.value) and "make it with" not in str(err.value)
+    with pytest.raises(FileNotFoundError, match=r"make it with `python -m benchmarks\.train_speed"):
+        results_file(tmp_path / "benchmarks" / "results" / "train_speed.json")
