@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from posenc_lib import PE_TYPES, greedy_decode
-from posenc_lib.utils import CliParser, atomic_write_json
+from posenc_lib.utils import INTERRUPTED, CliParser, atomic_write_json, interrupted_message
 
 from .common import BenchConfig, available_cores, check_schemes, log, machine_info, make_model, random_tokens
 
@@ -108,10 +109,14 @@ def main(argv=None) -> dict:
         "config": cfg.as_dict(),
         "results": {},
     }
-    for pe in schemes:
-        doc["results"][pe] = r = profile_scheme(pe, cfg)
-        log(f"{pe}: {r['ms_per_step']:.2f} ms per step; "
-            + ", ".join(f"{c} {100 * s:.0f}%" for c, s in r["shares"].items()))  # fmt: skip
+    try:
+        for pe in schemes:
+            doc["results"][pe] = r = profile_scheme(pe, cfg)
+            log(f"{pe}: {r['ms_per_step']:.2f} ms per step; "
+                + ", ".join(f"{c} {100 * s:.0f}%" for c, s in r["shares"].items()))  # fmt: skip
+    except KeyboardInterrupt:  # the file is written once, at the end: nothing of this run is there
+        print(interrupted_message(f"nothing was written to {a.out}", "run the same command again"), file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     a.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(a.out / "decode_profile.json", doc)
     return doc

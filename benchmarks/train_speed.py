@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         print(json.dumps(worker(json.loads(argv[1]))))
         return 0
-    from posenc_lib.utils import CliParser, atomic_write_json, available_cores
+    from posenc_lib.utils import INTERRUPTED, CliParser, atomic_write_json, available_cores, interrupted_message
 
     ap = CliParser(prog="python -m benchmarks.train_speed", description=__doc__.splitlines()[0])
     ap.add_argument("--updates", type=int, default=40, help="timed updates per model (default 40)")
@@ -212,12 +212,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     rows = []
-    for k in pick:
-        row = run_candidate(CANDIDATES[k], pe=a.pe, warm=a.warm, updates=a.updates)
-        rows.append(row)
-        print(f"{row['name']:<52} {row.get('tok_per_s', row.get('skipped'))}", flush=True)
-    overhead = run_candidate(("1 model x 1 thread, fp32, profiled", 1, 1, "fp32", "default", False, False), pe=a.pe,
-                             warm=a.warm, updates=min(a.updates, 20), profile=True)
+    try:
+        for k in pick:
+            row = run_candidate(CANDIDATES[k], pe=a.pe, warm=a.warm, updates=a.updates)
+            rows.append(row)
+            print(f"{row['name']:<52} {row.get('tok_per_s', row.get('skipped'))}", flush=True)
+        overhead = run_candidate(("1 model x 1 thread, fp32, profiled", 1, 1, "fp32", "default", False, False),
+                                 pe=a.pe, warm=a.warm, updates=min(a.updates, 20), profile=True)
+    except KeyboardInterrupt:  # the workers got Ctrl-C too; the file is written once, at the end
+        print(interrupted_message(f"nothing was written to {a.out}", "run the same command again"), file=sys.stderr)
+        return INTERRUPTED
     print(f"python time per update: {overhead['python_ms_per_update']} ms of {overhead['ms_per_update_profiled']} ms",
           flush=True)
     result = {"schema": "posenc-train-speed/1", "torch": torch.__version__, "cores": available_cores(),

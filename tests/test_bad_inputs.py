@@ -719,8 +719,12 @@ def _file_system_clis(tmp, monkeypatch):
     """Each command line that writes a folder, with its expensive work stubbed out: ``(main, argv before --out)``."""
     import benchmarks.run as br
     import book.build as bb
+    from posenc_lib.experiments import cope_counting as cc
     from posenc_lib.experiments import extrapolation as ex
+    from posenc_lib.experiments import inside as ins
     from posenc_lib.experiments import long_context as lc
+    from posenc_lib.experiments import long_context_extra as extra
+    from posenc_lib.experiments import rope_variants as rv
     from posenc_lib.experiments.wmt14 import main as wmt14_main
     from posenc_lib.experiments.wmt14.data import read_parallel
     from posenc_lib.utils import atomic_write_json
@@ -740,8 +744,28 @@ def _file_system_clis(tmp, monkeypatch):
         atomic_write_json(ex.result_path(out, pe, seed), {"config": _json.loads(_json.dumps(asdict(cfg)))})
         return "done"
 
+    def config_of(cfg):
+        from dataclasses import asdict
+        import json as _json
+
+        return _json.loads(_json.dumps(asdict(cfg)))
+
+    def extra_run(name, out):  # long_context_extra's model, without the training
+        path = Path(out) / f"{name}_seed0.json"
+        if not lc._done(path, lc.COURSE):
+            atomic_write_json(path, {"config": config_of(lc.COURSE)})
+        return path
+
     monkeypatch.setattr(ex, "_finish", finish)
     monkeypatch.setattr(lc, "pretrain", lambda name, seed, cfg, out, ckpt: "done")
+    monkeypatch.setattr(rv, "train_one", lambda name, seed, cfg, out: atomic_write_json(
+        lc.result_path(out, name, seed), {"config": config_of(cfg)}) or "done")
+    monkeypatch.setattr(cc, "train_one", lambda name, seed, cfg, out: atomic_write_json(
+        cc.result_path(out, name, seed), {"config": cc.config_record(cfg)}) or "done")
+    monkeypatch.setattr(cc, "write_summary", lambda out: None)
+    monkeypatch.setattr(ins, "train_one", lambda name, seed, cfg, out: atomic_write_json(
+        ins.result_path(out, name, seed), {"config": config_of(cfg)}) or "done")
+    monkeypatch.setattr(extra, "run", extra_run)
     monkeypatch.setattr(br, "bench_train", lambda schemes, cfg, quiet: {"lengths": {}})
     monkeypatch.setattr(br, "write_report", lambda out: (out / "table.md").write_text("report\n"))
     monkeypatch.setattr(bb.subprocess, "run", lambda cmd, **kw: Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True))
@@ -749,8 +773,14 @@ def _file_system_clis(tmp, monkeypatch):
     return {
         "wmt14": (wmt14_main, ["--profile", "smoke", "--pe", "none", "--data-dir", str(tmp / "nowhere")]),
         "make-data": (wmt14_main, ["make-data", "--src", str(src), "--pairs", "5"]),
+        "calibrate": (wmt14_main, ["calibrate", "--profile", "smoke", "--pe", "none", "--data-dir", str(tmp / "nowhere"),
+                                   "--source", "files"]),
         "extrapolation": (ex.main, ["--pe", "none", "--seeds", "0", "--no-progress"]),
         "long_context": (lc.main, ["--models", "nope", "--seeds", "0", "--no-finetune", "--ckpt", str(tmp / "ck")]),
+        "long_context_extra": (extra.main, ["sinusoidal"]),
+        "rope_variants": (rv.main, ["--models", "nope", "--seeds", "0"]),
+        "cope_counting": (cc.main, ["--models", "none", "--seeds", "0"]),
+        "inside": (ins.main, ["--models", "nope", "--seeds", "0"]),
         "benchmarks": (br.main, ["--only", "train", "--schemes", "none", "--threads", "1", "--quiet"]),
         "book": (bb.main, []),
     }
@@ -758,7 +788,8 @@ def _file_system_clis(tmp, monkeypatch):
 
 from pathlib import Path  # noqa: E402 (used by the stubs above)
 
-FS_CLIS = ("wmt14", "make-data", "extrapolation", "long_context", "benchmarks", "book")
+FS_CLIS = ("wmt14", "make-data", "calibrate", "extrapolation", "long_context", "long_context_extra", "rope_variants", "cope_counting",
+           "inside", "benchmarks", "book")
 
 
 @settings(max_examples=_N or 12, deadline=None, derandomize=not _N,

@@ -96,7 +96,7 @@ def test_calibrate_two_processes_on_the_cpu_and_the_command_it_prints(tmp_path):
     assert any(line.startswith("run: python -m posenc_lib.experiments.wmt14") for line in lines)
     # nothing of the timed models is left; the tokenizer and data cache are the run's
     ckpt = default_ckpt_dir(out)
-    assert not (ckpt / "calibration").exists() and (ckpt / "data-fr-en.pt").is_file()
+    assert not list(ckpt.glob(".calibration-*")) and (ckpt / "data-fr-en.pt").is_file()
     assert (out / "tokenizer.json").is_file() and not list(out.glob("*-seed*"))
     # the printed command runs (cut to two updates here) and reuses the prepared data
     args = shlex.split(res["command"])
@@ -117,7 +117,7 @@ def test_a_last_smaller_group_is_timed_beside_schemes_measured_already(tmp_path)
                     threads=1, warm=2, updates=3, sample=3, budget_min=1.0, log=lambda m: None)
     assert list(res["schemes"]) == ["none", "rope", "alibi"]  # alibi once, though none trained beside it again
     assert all(m["concurrent"] == 2 and m["aligned"] is True for m in res["schemes"].values())
-    assert not (default_ckpt_dir(tmp_path / "run") / "calibration").exists()
+    assert not list(default_ckpt_dir(tmp_path / "run").glob(".calibration-*"))
 
 
 def test_translate_without_early_stop_decodes_every_batch_to_its_budget(tmp_path, monkeypatch):

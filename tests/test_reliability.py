@@ -633,3 +633,181 @@ def test_a_run_folder_made_before_these_records_resumes_and_grows(tmp_path):
     assert list(res["models"]) == ["sinusoidal", "none", "rope"]  # the first sitting's schemes stay first
     assert res["paired_bootstrap"]["heldout"][0]["baseline"] == "sinusoidal"
     assert json.loads(cfg_path.read_text())["seeds"] == [0, 1]
+
+
+# == the other commands of each class =================================================================
+def test_no_entry_point_defaults_to_the_committed_results(tmp_path, monkeypatch):
+    """rope_variants and long_context_extra wrote into the committed results when run without --out (the first
+    ending in a raw traceback, as their configuration differs from the committed one's)."""
+    from posenc_lib.experiments import long_context_extra as extra
+    from posenc_lib.experiments import rope_variants as rv
+
+    monkeypatch.chdir(tmp_path)
+    for folder, name in (("rope_variants", "nope_seed0.json"), ("long_context_extra", "sinusoidal_seed0.json")):
+        (tmp_path / "results" / folder).mkdir(parents=True)
+        shutil.copy(ROOT / "results" / folder / name, tmp_path / "results" / folder / name)
+    before = snapshot(tmp_path / "results")
+    trained = []
+    monkeypatch.setattr(rv, "train_one", lambda name, seed, cfg, out: trained.append(str(out)) or "done")
+    monkeypatch.setattr(extra, "run", lambda name, out: trained.append(str(out)))
+    monkeypatch.setattr(extra, "t5_ablation", lambda out: trained.append(str(out)))
+    assert run_cli(rv.main, ["--models", "nope", "--seeds", "0"]) == (0, [])
+    assert run_cli(extra.main, []) == (0, [])
+    assert set(trained) == {"runs/rope-variants-smoke", "runs/long-context-extra"}
+    assert snapshot(tmp_path / "results") == before
+    # pointed at them on purpose with other settings: one line naming the file, nothing written
+    code, lines = run_cli(rv.main, ["--out", "results/rope_variants", "--models", "nope", "--seeds", "0"])
+    assert code == 2 and len(lines) == 1 and "nope_seed0.json" in lines[0] and "another --out" in lines[0], lines
+    assert snapshot(tmp_path / "results") == before and not (tmp_path / "results" / "rope_variants" / LOCK_NAME).exists()
+
+
+def test_rope_variants_locks_its_folder_counts_duplicates_once_and_says_how_to_resume(tmp_path, monkeypatch):
+    """The lesson-15 sweep had no folder lock, no Ctrl-C handling (a traceback; a plain process pool) and trained
+    a model or seed named twice twice."""
+    from posenc_lib.experiments import rope_variants as rv
+    from posenc_lib.utils import _process_start
+
+    calls = []
+    monkeypatch.setattr(rv, "train_one", lambda name, seed, cfg, out: calls.append((name, seed)) or "done")
+    rv.run_all(rv.SMOKE, [0, 0], tmp_path / "rv", names=["nope", "nope", "rope"], log=quiet)
+    assert calls == [("nope", 0), ("rope", 0)] and not (tmp_path / "rv" / LOCK_NAME).exists()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rv, "train_one", interrupted)
+    argv = ["--models", "nope", "--seeds", "1", "--out", str(tmp_path / "rv")]
+    code, lines = run_cli(rv.main, argv)
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted:") and "--resume" in lines[0], lines
+    assert not (tmp_path / "rv" / LOCK_NAME).exists()
+    holder = os.getppid()  # a living process
+    (tmp_path / "rv" / LOCK_NAME).write_text(json.dumps({"pid": holder, "start": _process_start(holder)}))
+    code, lines = run_cli(rv.main, argv)
+    assert code == 2 and len(lines) == 1 and "being written by another process" in lines[0], lines
+
+
+def test_every_worker_pool_stops_on_ctrl_c():
+    """Every command that trains in worker processes uses WorkerPool (Ctrl-C stops the workers, none goes on
+    writing results): no plain process pool elsewhere."""
+    import re
+
+    plain = [str(p.relative_to(ROOT)) for folder in ("posenc_lib", "benchmarks", "book") for p in (ROOT / folder).rglob("*.py")
+             if p.name != "utils.py" and re.search(r"ProcessPoolExecutor\(|\bPool\(", p.read_text(encoding="utf-8"))]
+    assert plain == []
+
+
+@pytest.mark.parametrize("module", ["rope_variants", "cope_counting", "inside"])
+def test_timing_out_keeps_an_existing_file(tmp_path, monkeypatch, module):
+    """--time-updates N --timing-out FILE replaced whatever FILE held (the committed timing.json included)."""
+    import importlib
+
+    mod = importlib.import_module(f"posenc_lib.experiments.{module}")
+    monkeypatch.setattr(mod, "time_updates", lambda *a, **k: {"timed": True})
+    path = tmp_path / "timing.json"
+    path.write_text("mine\n")
+    code, lines = run_cli(mod.main, ["--time-updates", "2", "--timing-out", str(path)])
+    assert code == 2 and len(lines) == 1 and str(path) in lines[0] and "--overwrite" in lines[0], lines
+    assert path.read_text() == "mine\n"
+    assert run_cli(mod.main, ["--time-updates", "2", "--timing-out", str(path), "--overwrite"])[0] == 0
+    assert json.loads(path.read_text())["timed"] is True
+
+
+def test_calibrate_keeps_a_folder_it_did_not_make(tmp_path, monkeypatch):
+    """calibrate deleted CKPT_DIR/calibration, whatever it held, after timing the models there."""
+    import posenc_lib.experiments.wmt14.calibrate as cal
+
+    d = tiny_dir(tmp_path)
+    out = tmp_path / "run"
+    ck = default_ckpt_dir(out)
+    (ck / "calibration").mkdir(parents=True)
+    (ck / "calibration" / "mine.txt").write_text("keep me\n")
+    used = []
+
+    def timed(pe, ctx, barrier=None, threads=None):  # the measurement without the training
+        work = Path(ctx["work_dir"])
+        assert work.is_dir() and work.parent == ck and work.name != "calibration"
+        (work / f"{pe}.pt").write_text("a timed model\n")
+        used.append(work)
+        return {"pe": pe, "s_per_update": 0.01, "tok_per_s": 1000.0, "startup_s": 1.0, "val_s": 0.1,
+                "decode_sample_s": 0.1, "ckpt_s": 0.1, "peak_rss_gib": 0.1}  # fmt: skip
+
+    monkeypatch.setattr(cal, "measure_scheme", timed)
+    cal.calibrate(tiny(), ["none"], [0], out, data_dir=d, source="files", jobs=1, budget_min=1.0, log=quiet)
+    assert (ck / "calibration" / "mine.txt").read_text() == "keep me\n"
+    assert used and not used[0].exists() and (out / "calibration.json").is_file()
+
+
+def test_benchmark_scripts_say_what_ctrl_c_kept(tmp_path, monkeypatch):
+    """benchmarks.decode_profile and benchmarks.train_speed ended Ctrl-C in a traceback."""
+    import benchmarks.decode_profile as dp
+    import benchmarks.train_speed as ts
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dp, "profile_scheme", interrupted)
+    code, lines = run_cli(dp.main, ["--quick", "--schemes", "none", "--threads", "1", "--out", str(tmp_path / "dp")])
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted: nothing was written"), lines
+    assert not (tmp_path / "dp").exists()
+    monkeypatch.setattr(ts, "run_candidate", interrupted)
+    code, lines = run_cli(ts.main, ["--out", str(tmp_path / "speed.json")])
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted: nothing was written"), lines
+    assert not (tmp_path / "speed.json").exists()
+
+
+def _lesson_cells():
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for k, cell in enumerate(json.loads(nb.read_text(encoding="utf-8"))["cells"]):
+            if cell["cell_type"] == "code":
+                yield f"{nb.name} cell {k}", "".join(cell["source"])
+
+
+def test_lessons_read_committed_results_through_results_file():
+    """Lessons opened before their results exist: each file is read through results_file (one line naming the
+    command that makes it), each folder checked with results_files (or an existence test) before it is read,
+    not a raw "No such file or directory"."""
+    import re
+
+    raw = []
+    for where, src in _lesson_cells():
+        for m in re.finditer(r"\.read_text\(", src):
+            before = src[: m.start()]
+            if before.endswith(")"):  # (PATH).read_text(): PATH must be results_file's argument
+                depth, i = 0, len(before) - 1
+                while i >= 0:
+                    depth += {")": 1, "(": -1}.get(before[i], 0)
+                    if depth == 0:
+                        break
+                    i -= 1
+                ok = before[:i].endswith("results_file")
+            else:  # NAME.read_text(): NAME must run over files found by results_files or a glob
+                name = re.search(r"(\w+)$", before).group(1)
+                ok = re.search(rf"for {name} in (results_files\(|sorted\(\w+\.glob\()", src) is not None
+            if not ok:
+                raw.append(f"{where}: {src[max(0, m.start() - 70) : m.end()]!r}")
+        for m in re.finditer(r"\w+\.load_results\(([^)]*)\)", src):
+            if "tmp" not in m.group(1) and not re.search(r"results_files\(|\.is_dir\(\)|\.glob\(", src):
+                raw.append(f"{where}: {m.group(0)!r}")
+    assert raw == []
+
+
+def test_every_committed_results_file_names_how_it_is_made(tmp_path):
+    """Every committed results file (results/, benchmarks/results/) has a command in RESULT_COMMANDS, or is
+    marked as a record of an earlier measurement; the lessons' messages name it."""
+    from posenc_lib.course.notebook import _NO_MATCH, _entry_for, results_file, results_files
+
+    committed = [p for folder in ("results", "benchmarks/results") for p in (ROOT / folder).rglob("*")
+                 if p.is_file() and not p.name.startswith(".")]
+    assert len(committed) > 100
+    assert [str(p.relative_to(ROOT)) for p in committed if _entry_for(p) is _NO_MATCH] == []
+    with pytest.raises(FileNotFoundError, match=r"timing\.json does not exist yet: make it with `python -m posenc_lib\."
+                                                r"experiments\.rope_variants --profile course --time-updates 20"):
+        results_file(tmp_path / "results" / "rope_variants" / "timing.json")
+    with pytest.raises(FileNotFoundError, match=r"no \*_seed\*\.json in .*rope_variants yet: make them with `python -m "
+                                                r"posenc_lib\.experiments\.rope_variants --profile course"):
+        results_files(tmp_path / "results" / "rope_variants", "*_seed*.json")
+    with pytest.raises(FileNotFoundError) as err:
+        results_file(tmp_path / "benchmarks" / "results" / "train_full_keys.json")
+    assert "does not exist: it records an earlier measurement" in str(err.value) and "make it with" not in str(err.value)
+    with pytest.raises(FileNotFoundError, match=r"make it with `python -m benchmarks\.train_speed"):
+        results_file(tmp_path / "benchmarks" / "results" / "train_speed.json")

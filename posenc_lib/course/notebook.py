@@ -96,7 +96,8 @@ def heatmap(ax, matrix, *, title: str, xlabel: str, ylabel: str, cmap: str = "vi
     return im
 
 
-#: the command that makes each committed results folder (repository-relative), for :func:`results_file`
+#: the command that makes each committed results folder or file (repository-relative), for :func:`results_file`;
+#: None for a committed record of an earlier measurement, which no command of today makes again
 RESULT_COMMANDS = {
     "results/extrapolation": "python -m posenc_lib.experiments.extrapolation --profile pilot --pe all --seeds 0,1,2 "
                              "--out results/extrapolation --jobs 2",
@@ -106,23 +107,44 @@ RESULT_COMMANDS = {
     "results/extrapolation_course/decoder": "python -m posenc_lib.experiments.extrapolation --profile course --arch "
                                             "decoder --pe all --seeds 0,1,2 --out "
                                             "results/extrapolation_course/decoder --jobs 2",
+    "results/extrapolation_course/unanchored/encdec": "python -m posenc_lib.experiments.extrapolation --profile course "
+                                                      "--arch encdec --unanchored --pe all --seeds 0 --out "
+                                                      "results/extrapolation_course/unanchored/encdec --jobs 2",
+    "results/extrapolation_course/lr_sweep": "python -m posenc_lib.experiments.extrapolation --profile course --arch "
+                                             "ARCH --lr LR --pe none,learned-rand,sinusoidal-rand,rope-rand,alibi "
+                                             "--seeds 0 --out results/extrapolation_course/lr_sweep/ARCH_lrLR for ARCH "
+                                             "encdec (without alibi) and decoder, LR 1e-3 and 4e-3",
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
-    "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra",
+    "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra --out "
+                                  "results/long_context_extra",
     "results/rope_variants": "python -m posenc_lib.experiments.rope_variants --profile course --seeds 0,1,2 --out "
                              "results/rope_variants --jobs 2",
+    "results/rope_variants/timing.json": "python -m posenc_lib.experiments.rope_variants --profile course "
+                                         "--time-updates 20 --timing-out results/rope_variants/timing.json",
     "results/cope_counting": "python -m posenc_lib.experiments.cope_counting --profile course --seeds 0,1,2 --out "
                              "results/cope_counting --jobs 2",
     "results/inside": "python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside "
                       "--jobs 2 --resume",
+    "results/inside/timing.json": "python -m posenc_lib.experiments.inside --profile course --time-updates 20 "
+                                  "--timing-out results/inside/timing.json",
     "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
+    "benchmarks/results/decode_profile.json": "python -m benchmarks.decode_profile --out benchmarks/results --overwrite",
+    "benchmarks/results/train_speed.json": "python -m benchmarks.train_speed --out benchmarks/results/train_speed.json "
+                                           "--overwrite",
+    **{f"benchmarks/results/{name}": None for name in (
+        "bf16_check.json", "calibrate_gpu_profile_cpu.json", "decode_1thread.json", "decode_previous_run.json",
+        "decode_profile_previous_run.json", "decode_second_run.json", "train_L1024_blocks_2threads.json",
+        "train_full_keys.json", "train_previous_run.json")},
 }
+_NO_MATCH = object()
 
 
-def _command_for(path: Path) -> str | None:
-    """The command of :data:`RESULT_COMMANDS` whose folder holds ``path`` (the longest match), if any."""
+def _entry_for(path: Path):
+    """The entry of :data:`RESULT_COMMANDS` whose folder (or file) holds ``path`` (the longest match), or
+    ``_NO_MATCH``."""
     parts = Path(os.path.normpath(os.path.abspath(path))).parts
     best = None
     for folder, command in RESULT_COMMANDS.items():
@@ -130,7 +152,13 @@ def _command_for(path: Path) -> str | None:
         for i in range(len(parts) - len(key) + 1):
             if parts[i : i + len(key)] == key and (best is None or len(key) > len(best[0])):
                 best = (key, command)
-    return best[1] if best else None
+    return best[1] if best else _NO_MATCH
+
+
+def _command_for(path: Path) -> str | None:
+    """The command of :data:`RESULT_COMMANDS` whose folder holds ``path`` (the longest match), if any."""
+    entry = _entry_for(path)
+    return None if entry is _NO_MATCH else entry
 
 
 def results_file(path, command: str | None = None) -> Path:
@@ -144,9 +172,12 @@ def results_file(path, command: str | None = None) -> Path:
     if path.is_file():
         return path
     command = command or _command_for(path)
+    what = "is a folder, not a results file" if path.is_dir() else "does not exist yet"
+    if not command and _entry_for(path) is None:
+        raise FileNotFoundError(f"{path} {what.removesuffix(' yet')}: it records an earlier measurement, which no "
+                                f"command makes again; restore the committed file (git checkout -- {path})")
     how = (f"make it with `{command}` (from the repository root; see the README's \"Experiments\")"
            if command else "it is made by the experiment that writes this folder (see the README)")
-    what = "is a folder, not a results file" if path.is_dir() else "does not exist yet"
     raise FileNotFoundError(f"{path} {what}: {how}, or restore the committed results (git checkout -- {path})")
 
 

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
 from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_positive_int,
-                     interrupted_message, read_json, set_seed)  # fmt: skip
+                     interrupted_message, read_json, refuse_overwrite, set_seed)  # fmt: skip
 from .long_context import lr_at, parse_selection
 
 SCHEMA = "posenc.cope_counting/1"
@@ -424,11 +424,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="time N updates and one evaluation per model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE",
                    help="with --time-updates: also write the timings here")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="with --timing-out: replace an existing file")
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     seeds, names = parse_selection(p, a, list(MODELS))
     if a.time_updates < 0:
         p.error(f"--time-updates must be >= 0, got {a.time_updates}")
+    if a.timing_out and not a.time_updates:
+        p.error("--timing-out needs --time-updates N")
+    if a.timing_out and not a.overwrite:  # checked before the timing, not after
+        try:
+            refuse_overwrite([a.timing_out], advice="or give another --timing-out")
+        except FileExistsError as err:
+            p.error(str(err))
     if a.time_updates:
         timing = time_updates(cfg, a.time_updates, names=names)
         if a.timing_out:

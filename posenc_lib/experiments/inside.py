@@ -48,7 +48,7 @@ import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
 from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_positive_int,
-                     interrupted_message, read_json, set_seed)
+                     interrupted_message, read_json, refuse_overwrite, set_seed)
 from . import inside_tools as tools
 from . import long_context as lc
 
@@ -373,6 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--time-updates", type=int, default=0, metavar="N",
                    help="time N updates and the measurements of each model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
+    p.add_argument("--overwrite", action="store_true", help="with --timing-out: replace an existing file")
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     seeds, names = lc.parse_selection(p, a, list(MODELS))
@@ -380,6 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--time-updates must be >= 0, got {a.time_updates}")
     if a.timing_out and not a.time_updates:
         p.error("--timing-out needs --time-updates N")
+    if a.timing_out and not a.overwrite:  # checked before the timing, not after
+        try:
+            refuse_overwrite([a.timing_out], advice="or give another --timing-out")
+        except FileExistsError as err:
+            p.error(str(err))
     if a.time_updates:
         import os
 

@@ -9,7 +9,9 @@
   did reach (per head): does the perplexity beyond the training length come from the untrained buckets?
 
 Same configuration (``long_context.COURSE``), data, seed, optimiser and evaluation as the committed runs;
-one thread per model; one JSON per model (temporary file + rename); finished files are skipped.
+one thread per model; one JSON per model (temporary file + rename); finished files are skipped, and a file made
+with another configuration is refused.  The default ``--out`` is ``runs/long-context-extra``, never the committed
+results (``--out results/long_context_extra`` names them); ``--out`` is locked while the command writes it.
 
     python -m posenc_lib.experiments.long_context_extra [--out results/long_context_extra] sinusoidal t5 t5-ablation
 """
@@ -22,16 +24,18 @@ from typing import Sequence
 
 import torch
 
-from ..utils import INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message, set_seed
+from ..utils import INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message, read_json, set_seed
 from ..models.causal_lm import CausalLM
 from . import long_context as longctx
 
 #: the models this module trains
 NAMES = ("sinusoidal", "t5", "t5-ablation")
+#: where the command line writes without ``--out`` (the committed results are in results/long_context_extra)
+DEFAULT_OUT = "runs/long-context-extra"
 
 
 def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
-        out: str | Path = "results/long_context_extra") -> Path:
+        out: str | Path = DEFAULT_OUT) -> Path:
     """Train and evaluate one model; ``out/PE_seedSEED.json`` (skipped if it exists with this configuration;
     a file made with another one is refused, not taken for this one)."""
     path = Path(out) / f"{pe}_seed{seed}.json"
@@ -65,14 +69,15 @@ def trained_buckets(cfg: longctx.LongContextConfig, num_buckets: int = 32, max_d
 
 
 def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
-                out: str | Path = "results/long_context_extra") -> Path:
+                out: str | Path = DEFAULT_OUT) -> Path:
     """Retrain the ``t5`` model; evaluate it as trained and with its untrained buckets set to the last trained one.
 
-    Writes ``out/t5_ablation_seedSEED.json`` (skipped if it exists): the buckets, how far the retrained table
-    is from the committed ``t5_seedSEED.json`` table (0 when training is reproduced exactly), and both evaluations.
+    Writes ``out/t5_ablation_seedSEED.json`` (skipped if it exists with this configuration; a file made with
+    another one is refused): the buckets, how far the retrained table is from the ``t5_seedSEED.json`` table in
+    ``out`` (0 when training is reproduced exactly; None without that file), and both evaluations.
     """
     path = Path(out) / f"t5_ablation_seed{seed}.json"
-    if path.exists():
+    if longctx._done(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = longctx.data(cfg)
@@ -89,9 +94,7 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     committed = Path(out) / f"t5_seed{seed}.json"
     diff = None
     if committed.exists():
-        import json
-
-        ref = torch.tensor(json.loads(committed.read_text())["t5_bias_table"])
+        ref = torch.tensor(read_json(committed)["t5_bias_table"])
         diff = round(float((table.detach() - ref).abs().max()), 6)
     evals = {"as trained": longctx.evaluate(model, eval_ids, cfg.eval_lengths)}
     with torch.no_grad():
@@ -108,7 +111,9 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
 def main(argv: Sequence[str] | None = None) -> int:
     p = CliParser(prog="python -m posenc_lib.experiments.long_context_extra", description=__doc__.split("\n")[0])
     p.add_argument("names", nargs="*", default=list(NAMES), help=f"models to train (default: {' '.join(NAMES)})")
-    p.add_argument("--out", default="results/long_context_extra")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result files (default {DEFAULT_OUT}; the "
+                                                      "committed results, results/long_context_extra, are never the "
+                                                      "default)")  # fmt: skip
     a = p.parse_args(argv)
     bad = [n for n in a.names if n not in NAMES]
     if bad:

@@ -15,7 +15,9 @@ dimensions (16 rotation pairs, so that a tenth of a head is at least one pair, a
   and Cohere's Command R7B/A), beside all-RoPE (``rope``) and all-NoPE (``nope``).
 
 Each (model, seed) writes one JSON file into ``--out`` as soon as it finishes (temporary file + rename; the
-record format of long_context.py); a rerun skips finished files, so the run can be stopped and resumed.
+record format of long_context.py); a rerun skips finished files, so the run can be stopped and resumed.  The
+default ``--out`` is ``runs/rope-variants-PROFILE``, never the committed results; a folder holding results of
+another configuration is refused; ``--out`` is locked while the run writes it, and Ctrl-C stops every worker.
 
 Command line::
 
@@ -38,7 +40,8 @@ import torch
 
 from ..models.causal_lm import CausalLM
 from ..schemes.rope_spectrum import rotary_pairs
-from ..utils import CliParser, atomic_write_json, check_positive_int, set_seed
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_positive_int,
+                     interrupted_message, refuse_overwrite, set_seed)
 from . import long_context as lc
 
 #: the fractions of each head that rotate, and the two kinds of partial rotary
@@ -99,22 +102,27 @@ def train_one(name: str, seed: int, cfg: lc.LongContextConfig, out) -> str:
 
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, *, names: Sequence[str] | None = None,
             jobs: int = 1, log=print) -> None:  # fmt: skip
-    """Train every (model, seed) not yet in ``out``; ``jobs`` worker processes."""
-    jobs = check_positive_int("jobs", jobs)
-    names = list(models(cfg)) if names is None else list(names)
-    todo = [(n, s) for n in names for s in seeds if not lc._done(lc.result_path(out, n, s), cfg)]
-    if len(todo) < len(names) * len(seeds):
-        log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-    if jobs == 1:
-        for n, s in todo:
-            log(train_one(n, s, cfg, out))
-        return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    """Train every (model, seed) not yet in ``out``; ``jobs`` worker processes.
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        for f in as_completed([pool.submit(train_one, n, s, cfg, out) for n, s in todo]):
-            log(f.result())
+    ``out`` is locked while this runs; a result file made with another configuration is refused
+    (``ValueError``); Ctrl-C stops every worker at once, and what finished is kept (a rerun skips it).
+    """
+    jobs = check_positive_int("jobs", jobs)
+    seeds = list(dict.fromkeys(int(s) for s in seeds))  # a model or seed named twice is trained once
+    names = list(dict.fromkeys(models(cfg) if names is None else names))
+    with FolderLock(out, what="--out folder", log=log):
+        todo = [(n, s) for n in names for s in seeds if not lc._done(lc.result_path(out, n, s), cfg)]
+        if len(todo) < len(names) * len(seeds):
+            log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
+        if jobs == 1:
+            for n, s in todo:
+                log(train_one(n, s, cfg, out))
+        elif todo:
+            from concurrent.futures import as_completed
+
+            with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
+                for f in as_completed([pool.submit(train_one, n, s, cfg, out) for n, s in todo]):
+                    log(f.result())
 
 
 def time_updates(cfg: lc.LongContextConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,
@@ -169,11 +177,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(models(COURSE)))
-    p.add_argument("--out", default="results/rope_variants")
+    p.add_argument("--out", default=None, help="folder for the result files (default runs/rope-variants-PROFILE; "
+                                               "the committed results are never the default)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
     p.add_argument("--time-updates", type=int, default=0, metavar="N",
                    help="time N updates and one evaluation per model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
+    p.add_argument("--overwrite", action="store_true", help="with --timing-out: replace an existing file")
     p.add_argument("--resume", action="store_true",
                    help="accepted for clarity: finished result files are always skipped")  # fmt: skip
     a = p.parse_args(argv)
@@ -181,6 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds, names = lc.parse_selection(p, a, list(models(cfg)))
     if a.time_updates < 0:
         p.error(f"--time-updates must be >= 0, got {a.time_updates}")
+    if a.timing_out and not a.time_updates:
+        p.error("--timing-out needs --time-updates N")
+    if a.timing_out and not a.overwrite:  # checked before the timing, not after
+        try:
+            refuse_overwrite([a.timing_out], advice="or give another --timing-out")
+        except FileExistsError as err:
+            p.error(str(err))
     if a.time_updates:
         import os
 
@@ -190,11 +207,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             timing["load_average_before"] = None if load is None else round(load, 2)
             atomic_write_json(a.timing_out, timing)
         return 0
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        p.error(f"--out {a.out} is a file; give a folder")
+    out = a.out or f"runs/rope-variants-{a.profile}"
+    if Path(out).exists() and not Path(out).is_dir():
+        p.error(f"--out {out} is a file; give a folder")
     t0 = time.perf_counter()
-    run_all(cfg, seeds, a.out, names=names, jobs=a.jobs)
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {a.out}")
+    try:
+        run_all(cfg, seeds, out, names=names, jobs=a.jobs)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command (with --resume) to "
+                                  "train the others (finished ones are skipped)"), file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
     return 0
 
 

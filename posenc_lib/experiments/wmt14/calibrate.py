@@ -30,6 +30,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -237,7 +238,8 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
 
     test_tokens = 2 * src_tokens(tests["heldout"]) + src_tokens(tests["newstest2014"])  # held-out twice: shuffled
     decode_scale = test_tokens / src_tokens(picks)
-    work_dir = ckpt_root / "calibration"
+    # the timed models' checkpoints: a folder made here (never one that was there already), removed at the end
+    work_dir = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".calibration-"))
     ctx = {"prof": prof, "device": device, "warm": warm, "updates": updates, "run_dir": str(run_dir),
            "vocab": None if vocab is None else str(vocab), "data_cache": str(ckpt_root / f"data-{direction}.pt"),
            "work_dir": str(work_dir), "sample": picks}
