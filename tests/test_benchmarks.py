@@ -137,3 +137,13 @@ def test_decode_profile_names_a_bad_scheme(tmp_path, capsys):
         profile_main(["--quick", "--schemes", "none,sinusoidl", "--out", str(tmp_path)])
     assert e.value.code == 2 and "sinusoidl" in capsys.readouterr().err
     assert not (tmp_path / "decode_profile.json").exists()
+
+
+def test_check_schemes_accepts_lesson_11s_schemes_and_counts_each_once():
+    from benchmarks.common import ALL_SCHEMES, VALID_SCHEMES, check_schemes
+    from posenc_lib import SURVEY_TYPES
+
+    assert check_schemes(["xpos", "cope", "xpos", " fire"]) == ("none", "xpos", "cope", "fire")
+    assert set(SURVEY_TYPES) <= set(VALID_SCHEMES) and not set(SURVEY_TYPES) & set(ALL_SCHEMES)  # not in the default run
+    with pytest.raises(ValueError, match="valid choices: .*kerple"):
+        check_schemes(["xpoz"])

@@ -315,3 +315,19 @@ def test_readme_inside_summary_matches_results():
     assert "a rolling cache costs RoPE nothing" in text and (np.abs(rope["window"] - rope["recompute"]) <= 0.002).all()
     assert "causal NoPE's cache stays more than 1.1 nats behind the recomputed window" in text
     assert (past["sinks"] - past["recompute"] > 1.1).all()
+
+
+def test_readme_survey_costs_match_their_run():
+    """The README's sentence on lesson 11's schemes quotes benchmarks/results/survey/, and the main run for the drift."""
+    survey = json.loads((ROOT / "benchmarks" / "results" / "survey" / "train.json").read_text())["results"]["lengths"]
+    main = json.loads((ROOT / "benchmarks" / "results" / "train.json").read_text())["results"]["lengths"]
+    memory = json.loads((ROOT / "benchmarks" / "results" / "survey" / "memory.json").read_text())["results"]["schemes"]
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    r = lambda L, pe: f"{survey[L][pe]['ratio']:.2f}"  # noqa: E731
+    for pe in ("xpos", "fire", "kerple", "cope"):
+        assert f"{pe} {r('256', pe)} / {r('1024', pe)}" in text, pe
+    assert f"(RoPE {r('256', 'rope')} / {r('1024', 'rope')} in the same run)" in text
+    assert f"(T5 {r('256', 't5')} / {r('1024', 't5')})" in text
+    assert f"peak memory at most {max(memory[pe]['ratio_peak'] for pe in ('xpos', 'fire', 'cope', 'kerple')):.2f}× for all four" in text
+    moved = [max(abs(survey[L][pe]["ratio"] - main[L][pe]["ratio"]) for pe in ("t5", "alibi", "rope")) for L in ("256", "1024")]
+    assert f"moved by up to {moved[0]:.2f} at L = 256 and {moved[1]:.2f} at L = 1024" in text
