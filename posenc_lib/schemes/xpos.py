@@ -24,8 +24,9 @@ Numerics: the factors are computed in float32 from absolute positions (``zeta^(n
 and ``zeta^(-m/B)`` for the key, no per-call centring, so a key cached at one step keeps its scale at
 every later step and cached decoding is exact).  ``x-transformers`` centres the exponents on half the
 current length instead; the product, and so every score, is the same.  The price of fixed centring is
-range: ``zeta_0^(-m/B)`` must stay inside float32 (and bfloat16), which holds for positions below about
-``69 * B`` (35,000 for ``B = 512``); beyond that :class:`XPos` refuses on CPU with a clear error.
+range: ``zeta_0^(+-m/B)`` must stay inside float32 (and bfloat16), which holds for positions below about
+``70 * B`` (35,700 for ``B = 512``); :class:`XPos` refuses positions beyond ``64 * B`` (32,695 for ``B = 512``:
+``MAX_LOG_SCALE`` keeps a margin) on CPU with a clear error.
 (float16 would overflow from about ``8.8 * B``.)  The paper's blockwise causal attention at inference
 is a separate trick and is not part of the encoding.
 
