@@ -62,3 +62,11 @@ def bench_decode(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False
         quiet,
     )
     return out
+
+
+if __name__ == "__main__":  # a part of the suite, not a command: say so instead of ending silently with nothing run
+    import sys
+
+    print("python -m benchmarks.decode measures nothing by itself: run `python -m benchmarks.run --only decode` "
+          "(--quick for a trial of seconds; see --help there)", file=sys.stderr)
+    sys.exit(2)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from posenc_lib import PE_TYPES, greedy_decode
-from posenc_lib.utils import INTERRUPTED, CliParser, atomic_write_json, interrupted_message
+from posenc_lib.utils import INTERRUPTED, CliParser, atomic_write_json, check_folder_path, interrupted_message
 
 from .common import BenchConfig, available_cores, check_schemes, log, machine_info, make_model, random_tokens
 
@@ -88,8 +88,10 @@ def main(argv=None) -> dict:
     p.add_argument("--quick", action="store_true", help="the suite's tiny configuration (seconds)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out/decode_profile.json")
     a = p.parse_args(argv)
-    if a.out.exists() and not a.out.is_dir():
-        p.error(f"--out {a.out} is a file; give a folder")
+    try:  # before the profiling, not after it
+        check_folder_path(a.out, "--out")
+    except ValueError as err:
+        p.error(str(err))
     if not a.overwrite and (a.out / "decode_profile.json").exists():
         p.error(f"{a.out / 'decode_profile.json'} exists; pass --overwrite to replace it or --out to write elsewhere")
     if a.threads <= 0:

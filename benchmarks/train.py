@@ -46,3 +46,11 @@ def bench_train(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False)
         out["lengths"][str(length)] = res
         log(f"train L={length}: " + ", ".join(f"{pe} {res[pe]['ratio']:.2f}" for pe in schemes), quiet)
     return out
+
+
+if __name__ == "__main__":  # a part of the suite, not a command: say so instead of ending silently with nothing run
+    import sys
+
+    print("python -m benchmarks.train measures nothing by itself: run `python -m benchmarks.run --only train` "
+          "(--quick for a trial of seconds; see --help there)", file=sys.stderr)
+    sys.exit(2)

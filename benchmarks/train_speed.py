@@ -187,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         print(json.dumps(worker(json.loads(argv[1]))))
         return 0
-    from posenc_lib.utils import INTERRUPTED, CliParser, atomic_write_json, available_cores, interrupted_message
+    from posenc_lib.utils import (INTERRUPTED, CliParser, atomic_write_json, available_cores, check_file_path,
+                                  interrupted_message)
 
     ap = CliParser(prog="python -m benchmarks.train_speed", description=__doc__.splitlines()[0])
     ap.add_argument("--updates", type=int, default=40, help="timed updates per model (default 40)")
@@ -199,6 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.updates < 1 or a.warm < 0:
         ap.error(f"--updates must be >= 1 and --warm >= 0, got {a.updates} and {a.warm}")
+    try:  # before the measurements (minutes), not after them
+        check_file_path(a.out, "--out")
+    except ValueError as err:
+        ap.error(str(err))
+    from posenc_lib.schemes.registry import canonical_pe
+
+    try:  # here, not as a traceback of every worker process
+        canonical_pe(a.pe)
+    except ValueError as err:
+        ap.error(f"--pe: {err}")
     if a.out.exists() and not a.overwrite:
         ap.error(f"{a.out} exists; pass --overwrite to replace it or --out to write elsewhere")
     pick = list(range(len(CANDIDATES)))

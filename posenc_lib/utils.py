@@ -8,7 +8,8 @@
 * :func:`atomic_write_text` / :func:`atomic_torch_save` -- write to a temporary
   file and rename, so a crash never leaves a half-written result behind.
 * the write policy's other pieces (README, "Contributing"): :class:`FolderLock` (one writer per
-  folder), :func:`refuse_overwrite`, :class:`WorkerPool` (Ctrl-C stops every worker),
+  folder), :func:`refuse_overwrite`, :func:`check_folder_path` / :func:`check_file_path` (an output
+  path that cannot be written is named before any work), :class:`WorkerPool` (Ctrl-C stops every worker),
   :func:`read_lines_exact` / :func:`one_line` (one item per line, whatever it holds),
   :func:`load_weights` (weights read safely, a damaged file named).
 """
@@ -320,6 +321,7 @@ class FolderLock:
         if _HELD.get(self.path):
             _HELD[self.path] += 1
             return self
+        check_folder_path(self.folder, self.what)  # a ValueError naming the flag, not a raw NotADirectoryError
         self.folder.mkdir(parents=True, exist_ok=True)
         import socket
         import sys as _sys
@@ -370,6 +372,42 @@ class FolderLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` if it is not a folder (then nothing can be made at ``path``)."""
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_folder_path(path: str | os.PathLike, what: str = "--out") -> Path:
+    """``path`` as a ``Path`` if it is a folder or one can be made there; else ``ValueError`` naming it and the fix.
+
+    Checked before any work: a path that is a file, or lies under one (``afile/sub``), would otherwise fail
+    in ``mkdir`` with a raw ``NotADirectoryError``, for some commands only after the work was done.
+    """
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValueError(f"{what} {path} is a file; give a folder")
+    above = _file_above(path)
+    if above is not None:
+        raise ValueError(f"{what} {path} lies under {above}, which is a file; give another {what}")
+    return path
+
+
+def check_file_path(path: str | os.PathLike, what: str = "--out") -> Path:
+    """``path`` as a ``Path`` if a file can be written there (it is not a folder and lies under none that is a
+    file); else ``ValueError`` naming it and the fix.  Whether an existing file may be replaced is
+    :func:`refuse_overwrite`'s question."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder; give a file name")
+    above = _file_above(path)
+    if above is not None:
+        raise ValueError(f"{what} {path} lies under {above}, which is a file; give another {what}")
+    return path
 
 
 def refuse_overwrite(paths: Iterable[str | os.PathLike], *, flag: str = "--overwrite", advice: str = "") -> None:

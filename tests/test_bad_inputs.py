@@ -822,3 +822,17 @@ def test_command_lines_never_destroy_what_the_folder_holds(cli, folder, tmp_path
         assert code == 2 and "being written by another process" in lines[0], (cli, lines)
     if folder[0] == "file":
         assert code == 2, (cli, lines)
+
+
+@pytest.mark.parametrize("cli", FS_CLIS)
+def test_command_lines_name_an_out_under_a_file(cli, tmp_path, monkeypatch):
+    """--out pointed under a file (``afile/sub``): one line naming the path and the file, the file kept; every
+    command that writes a folder ended in a raw NotADirectoryError from mkdir."""
+    monkeypatch.chdir(tmp_path)
+    main, argv = _file_system_clis(tmp_path, monkeypatch)[cli]
+    a_file = tmp_path / "afile"
+    a_file.write_text("the user's own file\n")
+    code, lines = run_cli(main, [*argv, "--out", str(a_file / "sub")])
+    assert code == 2 and len(lines) == 1, (cli, code, lines)
+    assert f"{a_file / 'sub'} lies under {a_file}, which is a file" in lines[0], (cli, lines)
+    assert a_file.read_text() == "the user's own file\n"

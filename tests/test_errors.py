@@ -298,6 +298,17 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         (tmp_path / "train.json").write_text("{}")
         return refuse_overwrite([tmp_path / "train.json"])
 
+    def under_a_file():
+        from posenc_lib.utils import check_folder_path
+
+        (tmp_path / "afile").write_text("mine")
+        return check_folder_path(tmp_path / "afile" / "sub", "--out")
+
+    def folder_for_a_file():
+        from posenc_lib.utils import check_file_path
+
+        return check_file_path(tmp_path, "--out")
+
     def already_holds():
         (tmp_path / "md").mkdir()
         (tmp_path / "md" / "notes.txt").write_text("mine")
@@ -360,6 +371,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         [other_data],
         [other_eval_limit],
         [would_replace, already_holds],
+        [under_a_file, folder_for_a_file],
         [interrupted],
         [damaged_weights],
         [damaged_metrics],

@@ -818,3 +818,77 @@ def test_every_committed_results_file_names_how_it_is_made(tmp_path):
     assert "does not exist: it records an earlier measurement" in str(err.value) and "make it with" not in str(err.value)
     with pytest.raises(FileNotFoundError, match=r"make it with `python -m benchmarks\.train_speed"):
         results_file(tmp_path / "benchmarks" / "results" / "train_speed.json")
+
+
+@pytest.mark.parametrize("cli", ["decode_profile", "train_speed", "rope_variants", "cope_counting", "inside"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(tmp_path, monkeypatch, cli):
+    """An output that cannot be written (under a file, or a folder where a file is written) was found only when
+    the result was saved, after the measurement (minutes of it), in a raw NotADirectoryError/IsADirectoryError."""
+    import importlib
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the work started before the output path was checked")
+
+    a_file, a_dir = tmp_path / "afile", tmp_path / "adir"
+    a_file.write_text("the user's own file\n")
+    a_dir.mkdir()
+    if cli == "decode_profile":
+        mod = importlib.import_module("benchmarks.decode_profile")
+        monkeypatch.setattr(mod, "profile_scheme", measured)
+        tries = [(["--quick", "--schemes", "none", "--threads", "1", "--out", str(a_file / "sub")], "lies under")]
+    elif cli == "train_speed":
+        mod = importlib.import_module("benchmarks.train_speed")
+        monkeypatch.setattr(mod, "run_candidate", measured)
+        tries = [(["--out", str(a_file / "sub" / "speed.json")], "lies under"),
+                 (["--out", str(a_dir), "--overwrite"], "is a folder; give a file name")]
+    else:  # --time-updates N --timing-out FILE
+        mod = importlib.import_module(f"posenc_lib.experiments.{cli}")
+        monkeypatch.setattr(mod, "time_updates", measured)
+        tries = [(["--time-updates", "2", "--timing-out", str(a_file / "timing.json")], "lies under"),
+                 (["--time-updates", "2", "--timing-out", str(a_dir), "--overwrite"], "is a folder; give a file name")]
+    for argv, words in tries:
+        code, lines = run_cli(mod.main, argv)
+        assert code == 2 and len(lines) == 1 and words in lines[0], (argv, lines)
+    assert a_file.read_text() == "the user's own file\n" and list(a_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize("part", ["decode", "train"])
+def test_a_benchmark_part_run_alone_says_what_to_run(part):
+    """`python -m benchmarks.decode` (a part of the suite, no command of its own) ended at once with status 0 and
+    no output, as if it had measured something."""
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{part}"], cwd=ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and f"python -m benchmarks.run --only {part}" in lines[0], lines
+
+
+def test_train_speed_names_a_bad_scheme_before_starting_workers(tmp_path, monkeypatch):
+    """`benchmarks.train_speed --pe rotery` started the worker processes, each ending in a traceback, then a
+    RuntimeError traceback of the parent."""
+    import benchmarks.train_speed as ts
+
+    def measured(*args, **kwargs):
+        raise AssertionError("workers started with a scheme that does not exist")
+
+    monkeypatch.setattr(ts, "run_candidate", measured)
+    code, lines = run_cli(ts.main, ["--pe", "rotery", "--out", str(tmp_path / "speed.json")])
+    assert code == 2 and len(lines) == 1 and "--pe" in lines[0] and "'rotery'" in lines[0], lines
+    code, lines = run_cli(ts.main, ["--pe", "rotary", "--out", str(tmp_path / "speed.json"), "--only", "99"])
+    assert code == 2 and "--only" in lines[0], lines  # an alias gets past --pe, to the next check
+
+
+@pytest.mark.parametrize("module", ["rope_variants", "cope_counting", "inside"])
+def test_ctrl_c_while_timing_updates_is_one_line(tmp_path, monkeypatch, module):
+    """Ctrl-C during --time-updates ended in a KeyboardInterrupt traceback."""
+    import importlib
+
+    mod = importlib.import_module(f"posenc_lib.experiments.{module}")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mod, "time_updates", interrupted)
+    path = tmp_path / "timing.json"
+    code, lines = run_cli(mod.main, ["--time-updates", "2", "--timing-out", str(path)])
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted: nothing was written"), lines
+    assert str(path) in lines[0] and not path.exists()

@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_positive_int,
-                     interrupted_message, read_json, refuse_overwrite, set_seed)
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_file_path,
+                     check_positive_int, interrupted_message, read_json, refuse_overwrite, set_seed)
 from . import inside_tools as tools
 from . import long_context as lc
 
@@ -381,16 +381,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--time-updates must be >= 0, got {a.time_updates}")
     if a.timing_out and not a.time_updates:
         p.error("--timing-out needs --time-updates N")
-    if a.timing_out and not a.overwrite:  # checked before the timing, not after
+    if a.timing_out:  # checked before the timing, not after
         try:
-            refuse_overwrite([a.timing_out], advice="or give another --timing-out")
-        except FileExistsError as err:
+            check_file_path(a.timing_out, "--timing-out")
+            if not a.overwrite:
+                refuse_overwrite([a.timing_out], advice="or give another --timing-out")
+        except (FileExistsError, ValueError) as err:
             p.error(str(err))
     if a.time_updates:
         import os
 
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        timing = time_updates(cfg, a.time_updates, names=names)
+        try:
+            timing = time_updates(cfg, a.time_updates, names=names)
+        except KeyboardInterrupt:  # the timings are written once, at the end
+            print(interrupted_message("nothing was written" + (f" to {a.timing_out}" if a.timing_out else ""),
+                                      "run the same command again"), file=sys.stderr)
+            return INTERRUPTED
         if a.timing_out:
             timing["load_average_before"] = None if load is None else round(load, 2)
             atomic_write_json(a.timing_out, timing)

@@ -44,7 +44,7 @@ import torch
 
 from ...schemes.registry import PE_TYPES, canonical_pe
 from ...utils import (FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores,
-                      check_choice, one_line, read_json, read_lines_exact)
+                      check_choice, check_folder_path, one_line, read_json, read_lines_exact)
 from .data import hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
 from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
                        translate)
@@ -481,12 +481,11 @@ def _lock_folders(folders, rank: int, world: int, log) -> contextlib.ExitStack:
 
 def make_run_folders(out, ckpt_dir=None) -> tuple[Path, Path]:
     """The run folder (``--out``) and its checkpoint folder (``--ckpt-dir``, default :func:`default_ckpt_dir`),
-    created if missing; a path that exists as a file is a ``ValueError`` naming the flag."""
+    created if missing; a path that is a file or lies under one is a ``ValueError`` naming the flag."""
     run_dir = Path(out)
     ckpt_root = Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)
     for flag, folder in (("--out", run_dir), ("--ckpt-dir", ckpt_root)):
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{flag} {folder} is a file; give a folder")
+        check_folder_path(folder, flag)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     return run_dir, ckpt_root
