@@ -13,7 +13,9 @@ no end token).  The operators' own time is sorted into
 * ``outside operators``: what is left of the wall time (Python, module calls, dispatch).
 
 Shares are of the profiled call; ``ms_per_step`` is the median of three unprofiled calls divided by the
-number of new tokens.  Writes ``<out>/decode_profile.json``.
+number of new tokens.  Writes ``<out>/decode_profile.json``: without ``--out`` in a new folder
+``runs/decode-profile-STAMP``, never in the published ``benchmarks/results`` (to publish: ``--out
+benchmarks/results --overwrite``).
 """
 from __future__ import annotations
 
@@ -33,6 +35,19 @@ from .common import BenchConfig, available_cores, check_schemes, log, machine_in
 SCHEMA = "posenc-bench/1"
 CATEGORIES = ("output projection", "linear layers", "attention", "other operators", "outside operators")
 _ATTENTION = ("scaled_dot_product", "softmax", "bmm", "baddbmm", "gather", "einsum")
+#: where a run without --out goes, one new folder per run (runs/ is not tracked); benchmarks/results is
+#: written only when --out names it (and --overwrite replaces its decode_profile.json)
+RUNS = Path(__file__).resolve().parent.parent / "runs"
+
+
+def default_out() -> Path:
+    """A new folder ``runs/decode-profile-STAMP`` for a run without ``--out``."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out, n = RUNS / f"decode-profile-{stamp}", 1
+    while out.exists():
+        n += 1
+        out = RUNS / f"decode-profile-{stamp}-{n}"
+    return out
 
 
 def _category(name: str, shapes, vocab: int) -> str | None:
@@ -84,10 +99,13 @@ def main(argv=None) -> dict:
     p.add_argument("--schemes", default=",".join(PE_TYPES), help="comma-separated; none is always profiled")
     p.add_argument("--threads", type=int, default=available_cores())
     p.add_argument("--decode-batch", type=int, default=8)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=None, help="folder for decode_profile.json (default: a new folder "
+                   "runs/decode-profile-STAMP; --out benchmarks/results --overwrite publishes a run)")
     p.add_argument("--quick", action="store_true", help="the suite's tiny configuration (seconds)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out/decode_profile.json")
     a = p.parse_args(argv)
+    if a.out is None:
+        a.out = default_out()
     try:  # before the profiling, not after it
         check_folder_path(a.out, "--out")
     except ValueError as err:

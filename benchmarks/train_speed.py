@@ -17,8 +17,9 @@ that train at once.  Candidates (one row each, all in one run so that they share
 
 The Python time per update is the wall time of an update minus the time its operators report to the
 profiler (one model, one thread).  Random token ids: the speed of a step does not depend on them.
-Results go to ``benchmarks/results/train_speed.json`` by default; an existing file is refused unless
-``--overwrite`` is given.
+Without ``--out`` the results go to a new file ``runs/train-speed-STAMP.json``, never to the published
+``benchmarks/results/train_speed.json`` (to publish: ``--out benchmarks/results/train_speed.json
+--overwrite``); an existing file is refused unless ``--overwrite`` is given.
 """
 from __future__ import annotations
 
@@ -32,10 +33,23 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "train_speed.json"
+#: the published result (committed): written only when --out names it, and replaced only with --overwrite
+PUBLISHED = Path(__file__).resolve().parent / "results" / "train_speed.json"
+#: where a run without --out goes, one new file per run (runs/ is not tracked)
+RUNS = Path(__file__).resolve().parent.parent / "runs"
 JEMALLOC = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
             "/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2")
 BATCH_TOKENS, MAX_TOKENS, VOCAB = 1500, 24, 8000
+
+
+def default_out() -> Path:
+    """A new file ``runs/train-speed-STAMP.json`` for a run without ``--out``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out, n = RUNS / f"train-speed-{stamp}.json", 1
+    while out.exists():
+        n += 1
+        out = RUNS / f"train-speed-{stamp}-{n}.json"
+    return out
 
 
 def jemalloc_path() -> str | None:
@@ -195,9 +209,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=8, help="untimed updates first (default 8)")
     ap.add_argument("--pe", default="sinusoidal", help="the scheme the model uses (default sinusoidal)")
     ap.add_argument("--only", default=None, help="comma-separated candidate numbers (1-based) to run")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, default=None, help="the JSON file to write (default: a new file "
+                    "runs/train-speed-STAMP.json; --out benchmarks/results/train_speed.json --overwrite publishes a run)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     a = ap.parse_args(argv)
+    if a.out is None:
+        a.out = default_out()
     if a.updates < 1 or a.warm < 0:
         ap.error(f"--updates must be >= 1 and --warm >= 0, got {a.updates} and {a.warm}")
     try:  # before the measurements (minutes), not after them

@@ -892,3 +892,27 @@ def test_ctrl_c_while_timing_updates_is_one_line(tmp_path, monkeypatch, module):
     code, lines = run_cli(mod.main, ["--time-updates", "2", "--timing-out", str(path)])
     assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted: nothing was written"), lines
     assert str(path) in lines[0] and not path.exists()
+
+
+def test_decode_profile_and_train_speed_without_out_never_touch_the_published_results(tmp_path, monkeypatch):
+    """Without --out, benchmarks.decode_profile and benchmarks.train_speed pointed at the committed
+    benchmarks/results (refused only because the file was there, with the advice to pass --overwrite)."""
+    import benchmarks.decode_profile as dp
+    import benchmarks.train_speed as ts
+
+    published = {name: (ROOT / "benchmarks" / "results" / name).read_bytes()
+                 for name in ("decode_profile.json", "train_speed.json")}
+    monkeypatch.setattr(dp, "RUNS", tmp_path / "runs", raising=False)
+    monkeypatch.setattr(ts, "RUNS", tmp_path / "runs", raising=False)
+    monkeypatch.setattr(dp, "profile_scheme", lambda pe, cfg: {"ms_per_step": 1.0, "profiled_wall_s": 0.1,
+                                                               "shares": dict.fromkeys(dp.CATEGORIES, 0.2)})
+    row = {"name": "a candidate", "tok_per_s": 1.0, "python_ms_per_update": 1.0, "ms_per_update_profiled": 2.0}
+    monkeypatch.setattr(ts, "run_candidate", lambda *a, **k: dict(row))
+    code, lines = run_cli(dp.main, ["--quick", "--schemes", "none", "--threads", "1"])
+    assert isinstance(code, dict) and lines == [], lines  # main returns what it wrote
+    code, lines = run_cli(ts.main, ["--only", "1"])
+    assert code == 0 and lines == [], lines
+    written = sorted(p.relative_to(tmp_path / "runs").as_posix() for p in (tmp_path / "runs").rglob("*.json"))
+    assert len(written) == 2 and written[0].startswith("decode-profile-") and written[0].endswith("/decode_profile.json")
+    assert written[1].startswith("train-speed-") and written[1].endswith(".json"), written
+    assert {name: (ROOT / "benchmarks" / "results" / name).read_bytes() for name in published} == published
