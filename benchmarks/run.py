@@ -61,6 +61,31 @@ def _made_by_suite(folder: Path) -> bool:
     return False
 
 
+#: what table.md's header states once for every part: parts measured on other models or devices are not mixed
+SHARED = ("d_model", "n_heads", "num_layers", "dim_feedforward", "vocab_size", "device", "dtype")
+
+
+def _other_model(folder: Path, kept: list[str], cfg: BenchConfig) -> str | None:
+    """A one-line refusal if a part this run keeps in ``folder`` was measured on another model, device or dtype
+    (table.md, made from every part there, would describe them all with one model); None if none was."""
+    import json
+
+    now = cfg.as_dict()
+    for part in kept:
+        try:
+            doc = json.loads((folder / f"{part}.json").read_text(encoding="utf-8"))
+            old = doc["config"] if doc.get("schema") == SCHEMA else None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        diff = [k for k in SHARED if isinstance(old, dict) and old.get(k) != now[k]]
+        if diff:
+            was = ", ".join(f"{k} {old.get(k)}" for k in diff)
+            return (f"--out {folder} holds {part}.json measured with {was} (this run: "
+                    f"{', '.join(f'{k} {now[k]}' for k in diff)}), and table.md would describe both parts with one "
+                    f"model; give another --out, or measure {part} again too (--only {','.join(PARTS)} --overwrite)")
+    return None
+
+
 def _ints(text: str) -> tuple[int, ...]:
     try:
         vals = tuple(int(v) for v in text.split(",") if v.strip())
@@ -152,6 +177,9 @@ def main(argv=None) -> dict:
                 refuse_overwrite([a.out / "table.md", a.out / "cost.png"], advice="or give another --out")
         except FileExistsError as err:
             p.error(str(err))
+    mixed = _other_model(a.out, [part for part in PARTS if part not in a.only], cfg)
+    if mixed:
+        p.error(mixed)
     torch.set_num_threads(a.threads)
     try:
         with FolderLock(a.out, what="--out folder", log=lambda m: log(m, a.quiet)):

@@ -292,6 +292,15 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         (tmp_path / "ev" / "config.json").write_text(json.dumps({"profile": {**asdict(prof), "eval_limit": 20}}))
         return wmt14._check_config(tmp_path / "ev", {"profile": asdict(prof)})
 
+    def other_benchmark_model():
+        import benchmarks.run as br
+        from benchmarks.common import BenchConfig
+
+        (tmp_path / "bench").mkdir()
+        (tmp_path / "bench" / "train.json").write_text(json.dumps({"schema": br.SCHEMA,
+                                                                   "config": BenchConfig.quick().as_dict()}))
+        raise ValueError(br._other_model(tmp_path / "bench", ["train"], BenchConfig()))
+
     def would_replace():
         from posenc_lib.utils import refuse_overwrite
 
@@ -370,6 +379,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         [checkpoint_without_resume],
         [other_data],
         [other_eval_limit],
+        [other_benchmark_model],
         [would_replace, already_holds],
         [under_a_file, folder_for_a_file],
         [interrupted],

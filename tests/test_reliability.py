@@ -916,3 +916,25 @@ def test_decode_profile_and_train_speed_without_out_never_touch_the_published_re
     assert len(written) == 2 and written[0].startswith("decode-profile-") and written[0].endswith("/decode_profile.json")
     assert written[1].startswith("train-speed-") and written[1].endswith(".json"), written
     assert {name: (ROOT / "benchmarks" / "results" / name).read_bytes() for name in published} == published
+
+
+def test_benchmarks_do_not_mix_parts_of_other_models_in_one_table(tmp_path, monkeypatch):
+    """`benchmarks.run --only decode --out X` beside a train.json of another model (a --quick one, another dtype)
+    wrote a table.md whose one header described both parts with the first part's model."""
+    import benchmarks.run as br
+    from benchmarks.common import BenchConfig
+
+    out = tmp_path / "bench"
+    out.mkdir()
+    quick = {"schema": br.SCHEMA, "part": "train", "quick": True, "config": BenchConfig.quick().as_dict(),
+             "results": {"lengths": {}}}
+    (out / "train.json").write_text(json.dumps(quick))
+    before = snapshot(out)
+    monkeypatch.setattr(br, "bench_decode", lambda schemes, cfg, quiet: {"schemes": {}})
+    monkeypatch.setattr(br, "write_report", lambda folder: (Path(folder) / "table.md").write_text("report\n"))
+    argv = ["--only", "decode", "--schemes", "none", "--threads", "1", "--quiet", "--out", str(out)]
+    code, lines = run_cli(br.main, argv)
+    assert code == 2 and len(lines) == 1 and "train.json" in lines[0] and "d_model 32" in lines[0], lines
+    assert snapshot(out) == before
+    code, lines = run_cli(br.main, [*argv, "--quick"])  # the same model: the part joins the folder
+    assert isinstance(code, dict) and (out / "decode.json").is_file(), lines
