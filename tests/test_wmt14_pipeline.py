@@ -459,3 +459,42 @@ def test_runs_made_before_precision_existed_still_resume(tmp_path):
     run(prof, ["none"], [0], tmp_path / "run", **kw)  # no "different settings" error
     with pytest.raises(ValueError, match="different settings.*max_steps"):
         run(tiny_profile(eval_limit=3, max_steps=6, val_every=2, ckpt_every=2), ["none"], [0], tmp_path / "run", **kw)
+
+
+def test_cpu_bf16_is_native_only_with_its_instruction_flags(tmp_path, monkeypatch):
+    """bf16 autocast on a CPU without avx512_bf16/amx_bf16 is emulated (measured ~2x slower than fp32 for the
+    finale's model): the pipeline warns and names the fix instead of silently running at a fraction of the speed."""
+    import posenc_lib.experiments.wmt14.pipeline as pipeline_mod
+
+    def cpu(flags: str | None):
+        info = tmp_path / f"cpuinfo-{len(flags or '')}"
+        if flags is not None:
+            info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        return train_mod.cpu_bf16_native(info)
+
+    assert cpu("fpu sse2 avx2 avx512f avx512bw avx512_bf16 amx_tile") is True
+    assert cpu("fpu sse2 avx2 amx_bf16 amx_tile") is True
+    assert cpu("fpu sse2 avx2 avx512f avx512bw avx512_vnni") is False
+    assert cpu(None) is False  # no /proc/cpuinfo (macOS, Windows): not known to be native
+    d = tiny_dir(tmp_path)
+    lines = []
+    monkeypatch.setattr(pipeline_mod, "cpu_bf16_native", lambda *a: False)
+    run(tiny_profile(precision="bf16", eval_limit=3, max_steps=2, val_every=2, ckpt_every=2), ["none"], [0],
+        tmp_path / "run", data_dir=d, source="files", progress=False, log=lines.append)
+    assert any("no native bf16" in m and "--set precision=fp32" in m for m in lines), lines
+
+
+def test_a_run_folder_takes_models_of_either_precision_but_a_checkpoint_only_its_own(tmp_path):
+    """A run begun in bf16 can go on in fp32 on another CPU (each result records its precision); a checkpoint is
+    never resumed in another precision: one model trains in one precision, as its result.json says."""
+    d = tiny_dir(tmp_path)
+    kw = dict(data_dir=d, source="files", progress=False, log=quiet)
+    prof = dict(eval_limit=3, max_steps=4, val_every=2, ckpt_every=2)
+    first = run(tiny_profile(precision="bf16", **prof), ["none"], [0], tmp_path / "run", **kw)
+    assert first["models"]["none"]["0"]["precision"] == "bf16"
+    assert run(tiny_profile(precision="bf16", **prof), ["rope"], [0], tmp_path / "run", stop_after=2, **kw) is None
+    with pytest.raises(CheckpointError, match=r"trained in bf16.*--set precision=bf16"):
+        run(tiny_profile(precision="fp32", **prof), ["rope"], [0], tmp_path / "run", resume=True, **kw)
+    both = run(tiny_profile(precision="fp32", **prof), ["none", "sinusoidal"], [0], tmp_path / "run", **kw)
+    assert both["models"]["none"]["0"]["precision"] == "bf16"  # finished earlier, kept as it was
+    assert both["models"]["sinusoidal"]["0"]["precision"] == "fp32"

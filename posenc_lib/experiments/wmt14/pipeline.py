@@ -49,7 +49,7 @@ from .data import hub_available, load_wmt14, make_data  # noqa: F401 (make_data:
 from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
                        translate)
 from .tokenizer import get_tokenizer
-from .train import Profile, barrier, cuda_bf16_native, dist_info, resolve_precision, train_model
+from .train import Profile, barrier, cpu_bf16_native, cuda_bf16_native, dist_info, resolve_precision, train_model
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -62,8 +62,10 @@ EVAL_FIELDS = ("eval_limit", "beam", "length_penalty", "bertscore", "bootstrap_s
 SCORED_FIELDS = ("eval_limit", "beam", "length_penalty")
 #: profile fields the encoded training and validation pairs depend on
 DATA_FIELDS = ("tokenizer", "vocab_size", "max_tokens", "max_train_pairs", "val_pairs")
-#: profile fields that change memory use, not the recipe: a run may resume with another value (e.g. after OOM)
-MEMORY_FIELDS = ("micro_batch_tokens",)
+#: profile fields that change memory use or speed, not the recipe: a run may resume with another value (e.g.
+#: after OOM, or on a CPU without native bf16); every model's result.json records the precision it trained in,
+#: and a checkpoint is only resumed in its own precision
+MEMORY_FIELDS = ("micro_batch_tokens", "precision")
 
 
 def parse_pes(text: str) -> list[str]:
@@ -537,6 +539,9 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
                              "with --resume to continue, or pass --overwrite to train again from update 0 (the "
                              "checkpoint is replaced)")
     log(f"device {device}, precision {precision}; checkpoints in {ckpt_root}")
+    if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_bf16_native():
+        log("warning: this CPU has no native bf16 (no avx512_bf16/amx_bf16 flag), so bf16 autocast is emulated "
+            "and trains slower than fp32 here (about 2x for the laptop profile); pass --set precision=fp32")
     kw = dict(direction=direction, data_dir=data_dir, source=source, vocab=vocab, work_dir=ckpt_root,
               expect=old.get("data"))
     info: dict = {}

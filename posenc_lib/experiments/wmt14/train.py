@@ -169,8 +169,10 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(name="cpu"),
     # Two CPU cores, trained as far as they take the finale in a few hours: the cpu profile's model and
     # recipe, bf16 autocast (benchmarks/results/train_speed.json: 1.4-1.5x fp32 on a CPU with AVX-512 BF16;
-    # on a CPU without native bf16 pass --set precision=fp32), 10,000 updates per model (about 14.8M target
-    # tokens, 4.2 epochs of the shipped pairs), warmup 500. Two models at once on one thread each.
+    # on a CPU without native bf16 (cpu_bf16_native) pass --set precision=fp32: emulated bf16 is ~2x slower
+    # than fp32 there, and a run folder accepts models of either precision, each recording its own),
+    # 10,000 updates per model (about 14.8M target tokens, 4.2 epochs of the shipped pairs), warmup 500.
+    # Two models at once on one thread each.
     "laptop": Profile(name="laptop", precision="bf16", max_steps=10000, warmup=500, val_every=500, ckpt_every=250),
     # One GPU: the base Transformer's body (d512, 8 heads, 6+6 layers, ff 2048; 52M parameters with a
     # 16k joint BPE), <= 64-token pairs, ~24k target tokens per update, 3200 updates (~77M target
@@ -226,6 +228,26 @@ def cuda_bf16_native(device=None) -> bool:
         return bool(torch.cuda.is_bf16_supported(including_emulation=False))
     except TypeError:  # torch without the keyword
         return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def cpu_bf16_native(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """True where the CPU computes bf16 in hardware (x86 ``avx512_bf16`` or ``amx_bf16``; ARM ``bf16``).
+
+    Without it, bf16 autocast on the CPU is emulated and *slower* than fp32: on a 2-core AVX-512 CPU
+    without BF16 the finale's model trained at about 1,000 target tokens/s per model in bf16 and 2,050
+    in fp32 (two models at once, one thread each), where a CPU with AVX-512 BF16 gave bf16 1.4-1.5x
+    fp32 (benchmarks/results/train_speed.json). A run there should pass ``--set precision=fp32``.
+    Read from ``/proc/cpuinfo``; where that file is missing (macOS, Windows) the answer is False.
+    """
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.split(":")[0].strip() in ("flags", "Features"):
+            flags.update(line.split(":", 1)[1].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def resolve_precision(requested: str, device: str) -> str:
@@ -483,6 +505,10 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
             raise CheckpointError(f"checkpoint {ckpt_path} was made for another model or optimizer "
                                   f"({str(err).strip().splitlines()[0][:160]}); delete it to retrain that model "
                                   "from scratch, or use another --out folder") from None
+        if ck.get("precision", prec.mode) != prec.mode:  # one model trains in one precision, as its result says
+            raise CheckpointError(f"checkpoint {ckpt_path} was trained in {ck['precision']}, this run asks for "
+                                  f"{prec.mode}; resume it with --set precision={ck['precision']}, or delete it to "
+                                  f"retrain that model from scratch in {prec.mode}")
         if prec.scaler is not None and ck.get("scaler"):
             prec.scaler.load_state_dict(ck["scaler"])
         state = ck["state"]
