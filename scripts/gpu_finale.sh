@@ -114,9 +114,22 @@ follow() {
   done
 }
 
+# refuse a value that is not a number before anything starts (a bad BUDGET_MIN failed only in the calibration,
+# after the CUDA tests; a bad SECONDS made `follow` print an error every 5 s for ever)
+check_number() {  # check_number WHAT VALUE [integer]
+  local pattern='^([0-9]+[.]?[0-9]*|[.][0-9]+)$'
+  [ "${3:-}" = integer ] && pattern='^[0-9]+$'
+  if ! [[ $2 =~ $pattern ]] || { [ "${3:-}" != integer ] && [[ $2 =~ ^[0.]*$ ]]; }; then
+    echo "error: $1 must be ${3:+an }${3:-a positive number}, got '$2'" >&2
+    exit 2
+  fi
+}
+
 case "${1:-}" in
   start)
     budget=${2:-14}
+    check_number BUDGET_MIN "$budget"
+    check_number "FOLLOW (seconds)" "${FOLLOW:-540}" integer
     lock || exit 1
     rm -f "$DONE"  # the status file of the last pipeline, which has ended (the lock says so)
     shown=0
@@ -130,7 +143,7 @@ case "${1:-}" in
     follow "${FOLLOW:-540}" "$shown"
     ;;
   _stages) stages "${2:?budget}" ;;
-  follow) follow "${2:-540}" ;;
+  follow) check_number SECONDS "${2:-540}" integer; follow "${2:-540}" ;;
   pack)
     dest=${2:?usage: gpu_finale.sh pack DEST}
     mkdir -p "$dest"

@@ -938,3 +938,18 @@ def test_benchmarks_do_not_mix_parts_of_other_models_in_one_table(tmp_path, monk
     assert snapshot(out) == before
     code, lines = run_cli(br.main, [*argv, "--quick"])  # the same model: the part joins the folder
     assert isinstance(code, dict) and (out / "decode.json").is_file(), lines
+
+
+def test_gpu_finale_refuses_a_bad_number_before_anything_starts(tmp_path):
+    """`gpu_finale.sh start abc` launched the pipeline, which failed only in the calibration after the CUDA tests;
+    `follow abc` printed "integer expression expected" every 5 s for ever."""
+    run_dir = tmp_path / "runs" / "wmt14-gpu"
+    env = {**ENV, "PYTHON": str(_stub_python(tmp_path)), "RUN_DIR": str(run_dir), "FOLLOW": "0"}
+    script = str(ROOT / "scripts" / "gpu_finale.sh")
+    for args, words in ((["start", "abc"], "BUDGET_MIN must be a positive number, got 'abc'"),
+                        (["start", "0"], "BUDGET_MIN must be a positive number, got '0'"),
+                        (["follow", "abc"], "SECONDS must be an integer, got 'abc'")):
+        done = subprocess.run(["bash", script, *args], env=env, capture_output=True, text=True, timeout=30)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and lines == [f"error: {words}"], (args, done.stdout, lines)
+    assert not run_dir.parent.exists() or list(run_dir.parent.iterdir()) == []  # no lock, log or run folder
