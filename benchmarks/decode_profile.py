@@ -19,6 +19,7 @@ benchmarks/results --overwrite``).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import statistics
 import sys
@@ -98,7 +99,8 @@ def main(argv=None) -> dict:
     p = CliParser(prog="python -m benchmarks.decode_profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--schemes", default=",".join(PE_TYPES), help="comma-separated; none is always profiled")
     p.add_argument("--threads", type=int, default=available_cores())
-    p.add_argument("--decode-batch", type=int, default=8)
+    p.add_argument("--decode-batch", type=int, default=None, help="sources decoded at once (default 8; with --quick "
+                   "the quick configuration's 2)")
     p.add_argument("--out", type=Path, default=None, help="folder for decode_profile.json (default: a new folder "
                    "runs/decode-profile-STAMP; --out benchmarks/results --overwrite publishes a run)")
     p.add_argument("--quick", action="store_true", help="the suite's tiny configuration (seconds)")
@@ -116,7 +118,9 @@ def main(argv=None) -> dict:
         p.error(f"--threads must be a positive integer, got {a.threads}")
     try:
         schemes = check_schemes(a.schemes.split(","))
-        cfg = BenchConfig.quick() if a.quick else BenchConfig(decode_batch=a.decode_batch)
+        cfg = BenchConfig.quick() if a.quick else BenchConfig(decode_batch=8)
+        if a.decode_batch is not None:  # with --quick too (it was ignored there)
+            cfg = dataclasses.replace(cfg, decode_batch=a.decode_batch)
     except (TypeError, ValueError) as e:
         p.error(str(e))
     torch.set_num_threads(a.threads)

@@ -953,3 +953,19 @@ def test_gpu_finale_refuses_a_bad_number_before_anything_starts(tmp_path):
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == 2 and lines == [f"error: {words}"], (args, done.stdout, lines)
     assert not run_dir.parent.exists() or list(run_dir.parent.iterdir()) == []  # no lock, log or run folder
+
+
+def test_decode_profile_keeps_the_decode_batch_it_is_given(tmp_path, monkeypatch):
+    """`benchmarks.decode_profile --quick --decode-batch 4` profiled batches of 2 (the flag was ignored with --quick),
+    and its record said 2: a silently different measurement."""
+    import benchmarks.decode_profile as dp
+
+    seen = []
+    monkeypatch.setattr(dp, "profile_scheme", lambda pe, cfg: seen.append(cfg.decode_batch) or {
+        "ms_per_step": 1.0, "profiled_wall_s": 0.1, "shares": dict.fromkeys(dp.CATEGORIES, 0.2)})
+    for argv, batch in ((["--quick", "--decode-batch", "4"], 4), (["--quick"], 2), ([], 8), (["--decode-batch", "3"], 3)):
+        seen.clear()
+        doc = dp.main([*argv, "--schemes", "none", "--threads", "1", "--out", str(tmp_path / f"dp{len(argv)}{batch}")])
+        assert seen == [batch] and doc["config"]["decode_batch"] == batch, (argv, seen)
+    code, lines = run_cli(dp.main, ["--quick", "--decode-batch", "0", "--out", str(tmp_path / "bad")])
+    assert code == 2 and len(lines) == 1 and "decode_batch" in lines[0], lines
