@@ -322,5 +322,34 @@ def test_heatmap_writes_every_cell_and_marks_unrepresentable_lengths():
     ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=8, title="t")
     texts = [t.get_text() for t in ax.texts]
     plt.close(fig)
-    assert texts == ["0.60\n0.50-0.70", "0.35\n0.25-0.45", "--"]
+    assert texts == ["0.60", ".50-.70", "0.35", ".25-.45", "--"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["learned (2)"]
+
+
+def test_heatmap_labels_do_not_overlap_at_the_lessons_size():
+    """Lesson 13 draws 13 runs x 9 lengths, 3 seeds, in a 6.2 x 4.6 inch panel: no two cell labels may overlap
+    (the earlier "0.06-0.09" second lines ran into their neighbours); seeds that agree get no range line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = [4, 8, 12, 16, 20, 24, 32, 48, 64]
+    def record(pe, seed):  # every run's seeds differ, except the last run's, which all score 0
+        same = pe == ex.RUN_ORDER[12]
+        return {"pe": pe, "seed": seed, "eval": [{"length": n, "representable": True, "token_accuracy": 1.0,
+                                                  "exact_match": 0.0 if same else 0.06 + 0.03 * seed + 0.01 * j}
+                                                 for j, n in enumerate(lengths)]}
+
+    recs = [record(pe, seed) for pe in ex.RUN_ORDER[:13] for seed in range(3)]
+    fig, ax = plt.subplots(figsize=(6.2, 4.6))
+    ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=16, title="t")
+    fig.tight_layout()
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts]
+    texts = [t.get_text() for t in ax.texts]
+    plt.close(fig)
+    assert texts[:2] == ["0.09", ".06-.12"] and "0.00" in texts and texts.count("0.00") == len(lengths)
+    clash = [(texts[a], texts[b]) for a in range(len(boxes)) for b in range(a + 1, len(boxes))
+             if boxes[a].overlaps(boxes[b])]
+    assert not clash, clash[:5]

@@ -755,10 +755,15 @@ def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int,
     """Runs (rows) x test lengths (columns), the mean over seeds written in every cell.
 
     ``"--"`` marks a length the run cannot represent (a learned table without the row); a
-    white line separates the training lengths (left) from the longer ones.  With more than one
-    seed the cell also shows the min-max range over seeds.
+    red line separates the training lengths (left) from the longer ones.  With more than one
+    seed the cell also shows the min-max range over seeds in a smaller font, without leading
+    zeros (``.06-.09``), and only where the seeds differ, so that neighbouring cells stay legible.
     """
     import numpy as np
+
+    def short(v: float) -> str:
+        text = f"{v:.2f}"
+        return text[1:] if text.startswith("0.") else text
 
     runs = list(summary)
     lengths = summary[runs[0]]["lengths"]
@@ -767,11 +772,13 @@ def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int,
     for i, r in enumerate(runs):
         s = summary[r]
         for j, _ in enumerate(lengths):
+            color = "white" if grid[i, j] > 0.6 else "black"
+            spread = s["representable"][j] and len(s["seeds"]) > 1 and short(s["min"][j]) != short(s["max"][j])
             text = f"{s['mean'][j]:.2f}" if s["representable"][j] else "--"
-            if s["representable"][j] and len(s["seeds"]) > 1:
-                text += f"\n{s['min'][j]:.2f}-{s['max'][j]:.2f}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                    color="white" if grid[i, j] > 0.6 else "black")  # fmt: skip
+            ax.text(j, i - (0.17 if spread else 0.0), text, ha="center", va="center", fontsize=7, color=color)
+            if spread:
+                ax.text(j, i + 0.22, f"{short(s['min'][j])}-{short(s['max'][j])}", ha="center", va="center",
+                        fontsize=5.5, color=color)
     inside = sum(n <= train_max_len for n in lengths)
     ax.axvline(inside - 0.5, color="crimson", lw=2)
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
