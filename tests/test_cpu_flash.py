@@ -7,6 +7,7 @@ import torch
 from posenc_lib import build_model, set_seed
 from posenc_lib.attention import cpu_flash
 from posenc_lib.attention import layer as attention
+from posenc_lib.attention.layer import MultiHeadAttention
 
 
 def _explicit(q, k, v, mask, scale):
@@ -141,3 +142,97 @@ def test_the_naive_shaw_contrast_keeps_the_explicit_path():
     assert attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)
     assert not attention._cpu_flash_wanted(ShawNaive(32, 4, 1), q, 0.0)
     assert not attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.1)  # dropout: explicit
+
+
+# -- the fused path below the blocking threshold (attention.FUSED_MIN_ELEMENTS) ------------------------------
+SCORE_AND_BIAS = ["t5", "shaw", "xlnet", "deberta", "alibi", "fire", "kerple", "cope"]
+
+
+def _spy_paths(monkeypatch):
+    """Record which fused CPU function each attention call used."""
+    calls = []
+    for name in ("flash_attention", "flash_scores", "shaw_attention"):
+        real = getattr(cpu_flash, name)
+        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("pe", SCORE_AND_BIAS)
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("rows", [128, 4])
+def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, padded, rows, monkeypatch):
+    """A training call above FUSED_MIN_ELEMENTS but below BLOCK_ELEMENTS runs in the fused kernel (in one block,
+    or in blocks of FUSED_BLOCK_ROWS): the same loss and gradients as the explicit softmax, encoder and causal
+    decoder, with padding."""
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", rows)
+    set_seed(0)
+    model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 12), generator=g)
+    pads = {}
+    if padded:
+        src_pad, tgt_pad = torch.zeros(3, 13, dtype=torch.bool), torch.zeros(3, 11, dtype=torch.bool)
+        src_pad[0, 9:], tgt_pad[1, 7:] = True, True
+        pads = dict(src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)
+    calls = _spy_paths(monkeypatch)
+    results = {}
+    for fused_min in (None, 3 * 4 * 11 * 11):  # explicit, then every self-attention call of the model fused
+        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+        calls.clear()
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss.backward()
+        results[fused_min] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        if pe == "alibi":  # a bias without a gradient is SDPA's own fused kernel on either setting
+            assert calls == []
+        else:
+            assert bool(calls) == (fused_min is not None)
+            # 2 encoder + 2 decoder self-attention layers (one call per block, or per layer where the scheme
+            # takes all blocks at once); a padded bias block is checkpointed (its call runs twice)
+            assert fused_min is None or len(calls) >= 4
+    (loss_e, grads_e), (loss_f, grads_f) = results.values()
+    torch.testing.assert_close(loss_f, loss_e, atol=1e-6, rtol=1e-5)
+    assert grads_f.keys() == grads_e.keys()
+    for name, grad in grads_e.items():
+        torch.testing.assert_close(grads_f[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("pe", ["t5", "shaw", "xlnet", "deberta"])
+def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
+    """Below FUSED_MIN_ELEMENTS (every training call of the lessons' small models, and the WMT14 finale's
+    CPU batches) and without gradients the explicit path runs, so their trained numbers stay as they were;
+    a training call at the measured crossover takes the fused path."""
+    set_seed(0)
+    model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=1, dim_feedforward=64, dropout=0.0).train()
+    calls = _spy_paths(monkeypatch)
+    src = torch.randint(4, 31, (32, 64), generator=torch.Generator().manual_seed(1))  # 32 x 4 heads x 64 x 64
+    assert 32 * 4 * 64 * 64 < attention.FUSED_MIN_ELEMENTS
+    model.loss(src, src[:, :-1], src[:, 1:]).backward()
+    assert calls == []
+    mha = MultiHeadAttention(32, 4)
+    scheme = model.enc_pos
+    b, n = 2, 1
+    while b * 4 * n * n < attention.FUSED_MIN_ELEMENTS:
+        n *= 2
+    ctx = scheme.prepare(torch.arange(n), torch.arange(n))
+    q = torch.zeros(b, 4, n, 8)
+    path = attention.choose_attention_path(scheme, q_len=n, k_len=n, causal=False, padded=False)
+    bias = scheme.bias(ctx, 0)
+    rows = attention.FUSED_BLOCK_ROWS
+    expected = [(s, min(s + rows, n)) for s in range(0, n, rows)]
+    assert mha._query_blocks(q, n, path, scheme, ctx, bias) == expected  # fused, in blocks of FUSED_BLOCK_ROWS
+    with torch.no_grad():
+        assert mha._query_blocks(q, n, path, scheme, ctx, bias) is None  # inference: the explicit path as before
+    assert mha._query_blocks(q, n, path, scheme, ctx, bias, 0.1) is None  # dropout: explicit
+    assert mha._query_blocks(q[:, :, : n // 2], n, path, scheme, ctx, bias) is None  # below the crossover
+
+
+def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch):
+    from benchmarks.common import ShawNaive
+
+    monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", 1)
+    q = torch.zeros(2, 4, 6, 8)
+    scheme = ShawNaive(32, 4, 1)
+    ctx = scheme.prepare(torch.arange(6), torch.arange(6))
+    path = attention.choose_attention_path(scheme, q_len=6, k_len=6, causal=False, padded=False)
+    assert MultiHeadAttention(32, 4)._query_blocks(q, 6, path, scheme, ctx, None) is None

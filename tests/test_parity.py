@@ -110,6 +110,32 @@ def test_deberta_long_input_in_query_blocks_matches_transformers(monkeypatch):
     assert any(left > 0 for left, _ in ends) and any(right < n for _, right in ends)
 
 
+@pytest.mark.parametrize("fused_min", [None, 1])
+def test_deberta_matches_transformers_with_gradients(fused_min, monkeypatch):
+    """With gradients on, the explicit path and the fused CPU path in one block (``FUSED_MIN_ELEMENTS``) give
+    transformers' output and its gradient for the input and the query projection."""
+    from posenc_lib.attention import layer as attention
+
+    ref, scheme, attn = _deberta_pair()
+    monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+    used = []
+    real = attention.cpu_flash.flash_scores
+    monkeypatch.setattr(attention.cpu_flash, "flash_scores", lambda *a: used.append(1) or real(*a))
+    x = torch.randn(2, 30, 32, requires_grad=True)
+    pos = torch.arange(30)
+    ctx = scheme.prepare(pos, pos)
+    mask = torch.ones(2, 1, 30, 30, dtype=torch.bool)
+    d_out = torch.randn(2, 30, 32)
+    expected, _ = ref(x, mask, rel_embeddings=ctx["rel"])
+    want = torch.autograd.grad(expected, [x, ref.query_proj.weight], d_out)
+    got = attn(x, pos=scheme, ctx=ctx)
+    have = torch.autograd.grad(got, [x, attn.q_proj.weight], d_out)
+    assert bool(used) == (fused_min is not None)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    for name, a, b in zip(("d_x", "d_query_proj"), have, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_deberta_scale_is_one_over_sqrt_3d():
     assert DebertaDisentangled.score_terms == 3
 

@@ -25,7 +25,8 @@ calls ``torch.nn.functional.scaled_dot_product_attention`` (the fused kernel),
 with the bias and masks folded into one float ``attn_mask``; otherwise it
 computes the softmax explicitly.  Long inputs run over blocks of queries (:data:`BLOCK_ELEMENTS`),
 and on CPU those blocks go back to the fused kernel with the position terms as a float mask
-(:data:`CPU_FLASH`, :mod:`posenc_lib.attention.cpu_flash`).  A causal self-attention with nothing to mask
+(:data:`CPU_FLASH`, :mod:`posenc_lib.attention.cpu_flash`); a training call too small to need blocks
+for memory still takes that fused path where it was measured to pay (:data:`FUSED_MIN_ELEMENTS`).  A causal self-attention with nothing to mask
 but the future (no padding, no bias) passes ``is_causal=True`` and *no* mask,
 the only form the flash kernels on a GPU accept.
 
@@ -83,6 +84,24 @@ BLOCK_ELEMENTS: int | None = 2**24
 #: :mod:`posenc_lib.attention.cpu_flash` computes (Shaw's value term is rebuilt from the kernel's row
 #: log-sum-exp).  Same function, same gradients; ``False`` keeps the explicit blocks everywhere.
 CPU_FLASH: bool = True
+
+#: A training call on CPU (gradients on, float32, no dropout) whose ``(B, H, Lq, Lk)`` scores would hold at
+#: least this many elements takes the fused path of :data:`CPU_FLASH` even below :data:`BLOCK_ELEMENTS`
+#: (in blocks of :data:`FUSED_BLOCK_ROWS` queries): there it is faster than the explicit softmax and keeps no
+#: scores for the backward pass.  Measured with the benchmark model (d_model 256, 8 heads, 2+2 layers,
+#: ``python -m benchmarks.run``'s model), one training step, fused / explicit time on one torch thread of a
+#: 2-core Xeon (AVX-512): at 2**22 elements (L = 512, batch 2) t5 0.99, shaw 1.04, xlnet 1.06, deberta 1.14;
+#: at 2**23 (L = 1024, batch 1) t5 0.90, shaw 0.79, xlnet 0.80, deberta 0.90; at 2**21 and below the
+#: explicit path was faster for every scheme.  Smaller calls and calls without gradients keep the explicit
+#: path, so the course's small models (at most ~2**19 elements a call) train and evaluate exactly as before.
+#: ``None``: only blocked calls take the fused path.
+FUSED_MIN_ELEMENTS: int | None = 2**23
+
+#: A training call on the fused CPU path runs over query blocks of at most this many rows (fewer where
+#: :data:`BLOCK_ELEMENTS` asks for less): a causal block then runs against only the keys up to its last query,
+#: so the decoder's self-attention does about half the work of one ``(Lq, Lk)`` piece (at L = 1024, batch 1,
+#: one thread: fused / explicit 0.79-0.90 in blocks of 128, 0.94-1.07 in one block).
+FUSED_BLOCK_ROWS: int = 128
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -383,7 +402,7 @@ class MultiHeadAttention(nn.Module):
                     blocks = None
             return cpu_flash.flash_attention(q, k, v, mask, scale, blocks)
 
-        blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias)
+        blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias, p_drop)
         if _flex_wanted(pos, want_weights, p_drop, q_len):
             from .flex import flex_attend
 
@@ -436,22 +455,30 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = probs.detach()
         return (out, probs) if need_weights else out
 
-    def _query_blocks(self, q, k_len, path, pos, ctx, bias) -> list[tuple[int, int]] | None:
+    def _query_blocks(self, q, k_len, path, pos, ctx, bias, p_drop=0.0) -> list[tuple[int, int]] | None:
         """Query ranges for attention in blocks (see :data:`BLOCK_ELEMENTS`), or ``None`` for one piece.
 
         Blocks only pay where whole scores would otherwise be kept: the explicit path, or a fused call
-        whose float mask needs a gradient (SDPA then falls back to its materialising math path).
-        """
+        whose float mask needs a gradient (SDPA then falls back to its materialising math path).  A training
+        call below :data:`BLOCK_ELEMENTS` but at least :data:`FUSED_MIN_ELEMENTS` runs in blocks of
+        :data:`FUSED_BLOCK_ROWS` queries, so that it takes the fused CPU path (:func:`_fused_pays`); a blocked
+        training call on that path uses blocks of at most that many rows too."""
         b, h, q_len, _ = q.shape
-        if BLOCK_ELEMENTS is None or b * h * q_len * k_len <= BLOCK_ELEMENTS:
-            return None
-        if path.fused and not (bias is not None and bias.requires_grad and torch.is_grad_enabled()):
+        grad_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
+        if path.fused and not grad_bias:
             return None
         if pos is not None and (pos.adds_scores or pos.adds_values) and not pos.splits_queries:
             return None
-        rows = max(1, BLOCK_ELEMENTS // (b * h * k_len))
-        if rows >= q_len:
-            return None
+        if BLOCK_ELEMENTS is None or b * h * q_len * k_len <= BLOCK_ELEMENTS:
+            if not _fused_pays(pos, q, k_len, p_drop):
+                return None
+            rows = FUSED_BLOCK_ROWS
+        else:
+            rows = max(1, BLOCK_ELEMENTS // (b * h * k_len))
+            if rows >= q_len:
+                return None
+            if torch.is_grad_enabled() and _cpu_flash_wanted(pos, q, p_drop):  # training: causal blocks pay
+                rows = min(rows, FUSED_BLOCK_ROWS)
         return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
 
 
@@ -493,6 +520,16 @@ def _cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float) -> bool:
     if not (CPU_FLASH and pos is not None and (pos.adds_scores or pos.adds_bias) and cpu_flash.supported(q, p_drop)):
         return False
     return not pos.adds_values or (getattr(pos, "fused_cpu_attention", None) is not None and not pos.adds_bias)
+
+
+def _fused_pays(pos, q: torch.Tensor, k_len: int, p_drop: float) -> bool:
+    """A call below :data:`BLOCK_ELEMENTS` takes the fused CPU path: gradients on, scores of at
+    least :data:`FUSED_MIN_ELEMENTS` elements, and a scheme and tensor it serves (:func:`_cpu_flash_wanted`)."""
+    b, h, q_len, _ = q.shape
+    return (
+        FUSED_MIN_ELEMENTS is not None and b * h * q_len * k_len >= FUSED_MIN_ELEMENTS and torch.is_grad_enabled()
+        and _cpu_flash_wanted(pos, q, p_drop)
+    )  # fmt: skip
 
 
 def _flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:
