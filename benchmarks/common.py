@@ -43,6 +43,9 @@ class BenchConfig:
     dropout: float = 0.0  # 0: fused SDPA where a scheme allows it; --dropout 0.1 = the course's training setting
     batch: int = 16
     lengths: tuple[int, ...] = (64, 256, 1024)  # source length = target length
+    #: ``--batches``: measure train and memory at each of these batch sizes (train_batches.json,
+    #: memory_batches.json, memory at every training length); empty: at ``batch`` only (train.json, memory.json)
+    batches: tuple[int, ...] = ()
     memory_length: int = 1024
     decode_batch: int = 32
     decode_src_len: int = 64
@@ -69,6 +72,11 @@ class BenchConfig:
             raise ValueError("lengths must name at least one training length (integers >= 1)")
         for n in self.lengths:
             check_int_range("lengths: every training length", n, 1)
+        if isinstance(self.batches, (str, bytes)) or not hasattr(self.batches, "__iter__"):
+            raise TypeError(f"batches must be a tuple of integers >= 1, got {self.batches!r}")
+        self.batches = tuple(self.batches)
+        for n in self.batches:
+            check_int_range("batches: every batch size", n, 1)
         if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; valid choices: {', '.join(DTYPES)}")
         if not isinstance(self.device, str) or not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -86,6 +94,7 @@ class BenchConfig:
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["lengths"] = list(self.lengths)
+        d["batches"] = list(self.batches)
         return d
 
 

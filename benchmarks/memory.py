@@ -110,6 +110,24 @@ def bench_memory(schemes: tuple[str, ...], cfg: BenchConfig, threads: int, quiet
     return out
 
 
+def bench_memory_batches(schemes: tuple[str, ...], cfg: BenchConfig, threads: int, quiet: bool = False) -> dict:
+    """:func:`bench_memory` at every batch size of ``cfg.batches`` and every training length of ``cfg.lengths``:
+    ``{"batches": {B: {"lengths": {L: ...}}}}``."""
+    import dataclasses
+
+    out: dict = {"what": "peak memory of two training steps (MiB), one process per scheme, per batch size and length",
+                 "measure": "torch.cuda.max_memory_allocated" if cfg.device.startswith("cuda") else "VmHWM",
+                 "batches": {}}  # fmt: skip
+    for batch in cfg.batches:
+        per_length = {}
+        for length in cfg.lengths:
+            log(f"memory batch {batch}, L={length}:", quiet)
+            one = dataclasses.replace(cfg, batch=batch, batches=(), memory_length=length)
+            per_length[str(length)] = bench_memory(schemes, one, threads, quiet)
+        out["batches"][str(batch)] = {"lengths": per_length}
+    return out
+
+
 def _main(argv=None) -> None:
     p = CliParser(prog="python -m benchmarks.memory", description="one memory measurement (used by benchmarks.run)")
     p.add_argument("--worker", required=True, help="scheme name")

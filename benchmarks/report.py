@@ -14,13 +14,75 @@ TARGET_SHAW_MEMORY = 1.3  # peak memory at the memory length, ratio to none (the
 TARGET_CACHE_SPEEDUP = 5.0
 
 
+#: the lengths at which the goals of ``TARGETS_1024`` and the memory goal are held for every batch size (``--batches``)
+GOAL_LENGTHS = (512, 1024, 2048)
+
+
 def load_results(out_dir: Path) -> dict:
+    """The JSON files of a run folder by part: ``train``, ``memory``, ``decode`` and, from ``--batches``,
+    ``train_batches``, ``memory_batches``."""
     res = {}
-    for part in ("train", "memory", "decode"):
+    for part in ("train", "memory", "decode", "train_batches", "memory_batches"):
         f = Path(out_dir) / f"{part}.json"
         if f.exists():
             res[part] = json.loads(f.read_text(encoding="utf-8"))
     return res
+
+
+def batch_goals(res: dict) -> list[dict]:
+    """One row per scheme with a goal, length and batch size measured with ``--batches``: the training-step
+    ratio (goal ``TARGETS_1024``) and the peak-memory ratio (goal ``TARGET_SHAW_MEMORY``), each with ``met``
+    (None where not measured).  Goals are held at the lengths of ``GOAL_LENGTHS``."""
+    train = res.get("train_batches", {}).get("results", {}).get("batches", {})
+    memory = res.get("memory_batches", {}).get("results", {}).get("batches", {})
+    rows = []
+    keys = sorted({(int(L), int(B)) for src in (train, memory) for B, r in src.items() for L in r["lengths"]})
+    for L, B in keys:
+        t = train.get(str(B), {}).get("lengths", {}).get(str(L), {})
+        m = memory.get(str(B), {}).get("lengths", {}).get(str(L), {}).get("schemes", {})
+        for pe, goal in TARGETS_1024.items():
+            if pe not in t and pe not in m:
+                continue
+            time_ratio = t[pe]["ratio"] if pe in t else None
+            mem_ratio = m[pe].get("ratio_peak") if pe in m else None
+            held = L in GOAL_LENGTHS
+            rows.append({
+                "scheme": pe, "length": L, "batch": B, "time_ratio": time_ratio, "time_goal": goal,
+                "time_met": None if time_ratio is None or not held else time_ratio <= goal,
+                "memory_ratio": mem_ratio, "memory_goal": TARGET_SHAW_MEMORY,
+                "memory_met": None if mem_ratio is None or not held else mem_ratio <= TARGET_SHAW_MEMORY,
+            })  # fmt: skip
+    return rows
+
+
+def _batch_section(res: dict) -> list[str]:
+    """Markdown of the ``--batches`` results: per scheme and length, the ratio at each batch size and its goal."""
+    rows = batch_goals(res)
+    if not rows:
+        return []
+    batches = sorted({r["batch"] for r in rows})
+    doc = res.get("train_batches") or res.get("memory_batches")
+    lines = ["## Across batch sizes: training step and peak memory, ratio to `none`", "", _provenance(doc), "",
+             "Each cell: time ratio / peak-memory ratio (`-` not measured); `*` marks a missed goal. Goals at "
+             f"L in {', '.join(map(str, GOAL_LENGTHS))}: time as in the column, peak memory <= {TARGET_SHAW_MEMORY}.",
+             "", "| scheme | L | " + " | ".join(f"B={B}" for B in batches) + " | time goal | goals held |",
+             "|---|---|" + "---|" * len(batches) + "---|---|"]  # fmt: skip
+    for pe in TARGETS_1024:
+        for L in sorted({r["length"] for r in rows if r["scheme"] == pe}):
+            mine = {r["batch"]: r for r in rows if r["scheme"] == pe and r["length"] == L}
+            cells = []
+            for B in batches:
+                r = mine.get(B)
+                if r is None:
+                    cells.append("")
+                    continue
+                t = _f(r["time_ratio"]) + ("*" if r["time_met"] is False else "") if r["time_ratio"] is not None else "-"
+                m = _f(r["memory_ratio"]) + ("*" if r["memory_met"] is False else "") if r["memory_ratio"] is not None else "-"
+                cells.append(f"{t} / {m}")
+            verdicts = [v for r in mine.values() for v in (r["time_met"], r["memory_met"]) if v is not None]
+            held = "n/a" if not verdicts else ("all" if all(verdicts) else f"{sum(verdicts)} of {len(verdicts)}")
+            lines.append(f"| {pe} | {L} | " + " | ".join(cells) + f" | <= {TARGETS_1024[pe]} | {held} |")
+    return lines + [""]
 
 
 def _schemes(res: dict) -> list[str]:
@@ -95,6 +157,7 @@ def render_table(res: dict) -> str:
             lines.append(f"| {pe} | {r['peak_mb']:.0f} | {_f(r.get('ratio_peak'))} | {r['step_mb']:.0f} | {_f(r.get('ratio_step'))} |")
         lines += ["", f"Target: peak ratio <= {TARGET_SHAW_MEMORY} for every scheme. `step` = peak minus the memory held "
                   "before the first step.", ""]
+    lines += _batch_section(res)
     if "decode" in res:
         dr = res["decode"]["results"]["schemes"]
         c = res["decode"]["config"]

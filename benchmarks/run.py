@@ -25,12 +25,24 @@ from posenc_lib.utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_j
 
 from .common import ALL_SCHEMES, DTYPES, VALID_SCHEMES, BenchConfig, available_cores, check_schemes, log, machine_info
 from .decode import bench_decode
-from .memory import bench_memory
+from .memory import bench_memory, bench_memory_batches
 from .report import write_report
-from .train import bench_train
+from .train import bench_train, bench_train_batches
 
 SCHEMA = "posenc-bench/1"
 PARTS = ("train", "memory", "decode")
+#: the parts ``--batches`` measures per batch size, written as ``<part>_batches.json`` beside the single-batch files
+BATCH_PARTS = ("train", "memory")
+
+
+def part_file(part: str, cfg: BenchConfig) -> str:
+    """The JSON file of ``part`` in a run made with ``cfg``: ``train_batches.json`` / ``memory_batches.json``
+    with ``--batches``, else ``<part>.json``."""
+    return f"{part}_batches.json" if cfg.batches and part in BATCH_PARTS else f"{part}.json"
+
+
+#: every JSON file a run of the suite may write into its folder
+PART_FILES = tuple(f"{p}.json" for p in PARTS) + tuple(f"{p}_batches.json" for p in BATCH_PARTS)
 #: the published results (committed; lessons and the README read them): written only with --out and --overwrite
 DEFAULT_OUT = PUBLISHED = Path(__file__).resolve().parent / "results"
 #: where a run without --out goes, one new folder per run (runs/ is not tracked)
@@ -52,9 +64,9 @@ def _made_by_suite(folder: Path) -> bool:
     """Whether ``folder`` holds a JSON file of this suite (its table.md and cost.png are then reports of it)."""
     import json
 
-    for part in PARTS:
+    for name in PART_FILES:
         try:
-            if json.loads((folder / f"{part}.json").read_text(encoding="utf-8")).get("schema") == SCHEMA:
+            if json.loads((folder / name).read_text(encoding="utf-8")).get("schema") == SCHEMA:
                 return True
         except (OSError, ValueError, AttributeError):
             continue
@@ -71,16 +83,18 @@ def _other_model(folder: Path, kept: list[str], cfg: BenchConfig) -> str | None:
     import json
 
     now = cfg.as_dict()
-    for part in kept:
+    for name in kept:  # a part ("train") or the file of one ("train_batches.json")
+        name = name if name.endswith(".json") else f"{name}.json"
+        part = name.removesuffix(".json").removesuffix("_batches")
         try:
-            doc = json.loads((folder / f"{part}.json").read_text(encoding="utf-8"))
+            doc = json.loads((folder / name).read_text(encoding="utf-8"))
             old = doc["config"] if doc.get("schema") == SCHEMA else None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         diff = [k for k in SHARED if isinstance(old, dict) and old.get(k) != now[k]]
         if diff:
             was = ", ".join(f"{k} {old.get(k)}" for k in diff)
-            return (f"--out {folder} holds {part}.json measured with {was} (this run: "
+            return (f"--out {folder} holds {name} measured with {was} (this run: "
                     f"{', '.join(f'{k} {now[k]}' for k in diff)}), and table.md would describe both parts with one "
                     f"model; give another --out, or measure {part} again too (--only {','.join(PARTS)} --overwrite)")
     return None
@@ -113,6 +127,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=_ints, help="training lengths, e.g. 64,256,1024")
     p.add_argument("--memory-length", type=int, help="length of the memory benchmark")
     p.add_argument("--batch", type=int, help="training batch size")
+    p.add_argument("--batches", type=_ints, help="measure train and memory at each of these batch sizes, e.g. 1,2,8,16 "
+                   "(memory at every --lengths); written as train_batches.json, memory_batches.json")
     p.add_argument("--repeats", type=int, help="timed repeats per figure (median reported)")
     p.add_argument("--decode-repeats", type=int, help="timed repeats per decoding figure")
     p.add_argument("--decode-batch", type=int, help="batch size of the decoding benchmark (default 32)")
@@ -134,7 +150,8 @@ def parser() -> argparse.ArgumentParser:
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
     cfg = BenchConfig.quick() if a.quick else BenchConfig()
     over = {
-        "lengths": a.lengths, "memory_length": a.memory_length, "batch": a.batch, "repeats": a.repeats,
+        "lengths": a.lengths, "memory_length": a.memory_length, "batch": a.batch, "batches": a.batches,
+        "repeats": a.repeats,
         "decode_repeats": a.decode_repeats, "decode_batch": a.decode_batch, "warmup": a.warmup, "dropout": a.dropout,
     }  # fmt: skip
     over = {k: v for k, v in over.items() if v is not None}
@@ -171,13 +188,13 @@ def main(argv=None) -> dict:
         p.error(f"--out {a.out} is a file; give a folder for the results")
     if not a.overwrite:  # checked before anything runs: no part is measured only to be refused
         try:
-            refuse_overwrite([a.out / f"{part}.json" for part in PARTS if part in a.only],
+            refuse_overwrite([a.out / part_file(part, cfg) for part in PARTS if part in a.only],
                              advice="or give another --out")
             if a.out.is_dir() and not _made_by_suite(a.out):  # a table.md of something else
                 refuse_overwrite([a.out / "table.md", a.out / "cost.png"], advice="or give another --out")
         except FileExistsError as err:
             p.error(str(err))
-    mixed = _other_model(a.out, [part for part in PARTS if part not in a.only], cfg)
+    mixed = _other_model(a.out, [f for f in PART_FILES if f not in {part_file(p, cfg) for p in a.only}], cfg)
     if mixed:
         p.error(mixed)
     torch.set_num_threads(a.threads)
@@ -200,9 +217,12 @@ def _run(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
             continue
         t0 = time.perf_counter()
         if part == "train":
-            results = bench_train(schemes, cfg, a.quiet)
+            results = (bench_train_batches if cfg.batches else bench_train)(schemes, cfg, a.quiet)
         elif part == "memory":
-            results = bench_memory(schemes, cfg, a.threads, a.quiet)
+            if cfg.batches:
+                results = bench_memory_batches(schemes, cfg, a.threads, a.quiet)
+            else:
+                results = bench_memory(schemes, cfg, a.threads, a.quiet)
         else:
             results = bench_decode(schemes, cfg, a.quiet)
         doc = {
@@ -217,9 +237,9 @@ def _run(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
             "results": results,
         }
         doc["wall_s"] = round(time.perf_counter() - t0, 2)
-        atomic_write_json(a.out / f"{part}.json", doc)
+        atomic_write_json(a.out / part_file(part, cfg), doc)
         written[part] = doc
-        log(f"{part}: {doc['wall_s']:.1f} s -> {a.out / (part + '.json')}", a.quiet)
+        log(f"{part}: {doc['wall_s']:.1f} s -> {a.out / part_file(part, cfg)}", a.quiet)
     write_report(a.out)
     log(f"table: {a.out / 'table.md'}; figure: {a.out / 'cost.png'}", a.quiet)
     return written

@@ -48,6 +48,17 @@ def bench_train(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False)
     return out
 
 
+def bench_train_batches(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False) -> dict:
+    """:func:`bench_train` at every batch size of ``cfg.batches``: ``{"batches": {B: {"lengths": ...}}}``."""
+    import dataclasses
+
+    out: dict = {"what": "forward + backward of one training step (seconds), per batch size", "batches": {}}
+    for batch in cfg.batches:
+        log(f"train batch {batch}:", quiet)
+        out["batches"][str(batch)] = bench_train(schemes, dataclasses.replace(cfg, batch=batch, batches=()), quiet)
+    return out
+
+
 if __name__ == "__main__":  # a part of the suite, not a command: say so instead of ending silently with nothing run
     import sys
 

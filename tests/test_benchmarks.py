@@ -147,3 +147,33 @@ def test_check_schemes_accepts_lesson_11s_schemes_and_counts_each_once():
     assert set(SURVEY_TYPES) <= set(VALID_SCHEMES) and not set(SURVEY_TYPES) & set(ALL_SCHEMES)  # not in the default run
     with pytest.raises(ValueError, match="valid choices: .*kerple"):
         check_schemes(["xpoz"])
+
+
+def test_batches_measure_train_and_memory_per_batch_size(tmp_path):
+    """--batches: train_batches.json and memory_batches.json carry every batch size (memory at every length),
+    table.md shows the ratio per batch size against the goals, and the single-batch files are not written."""
+    from benchmarks.report import batch_goals, load_results
+
+    out = tmp_path / "bench"
+    common = ["--quick", "--threads", "1", "--out", str(out), "--quiet", "--schemes", "t5,shaw", "--lengths", "8,12"]
+    main(common + ["--only", "train,memory", "--batches", "1,3", "--repeats", "1", "--warmup", "0"])
+    assert sorted(p.name for p in out.glob("*.json")) == ["memory_batches.json", "train_batches.json"]
+    train = _load(out / "train_batches.json")
+    assert train["config"]["batches"] == [1, 3]
+    assert list(train["results"]["batches"]) == ["1", "3"]
+    for per_batch in train["results"]["batches"].values():
+        assert list(per_batch["lengths"]) == ["8", "12"]
+        assert per_batch["lengths"]["8"]["none"]["ratio"] == 1.0 and "shaw" in per_batch["lengths"]["8"]
+    memory = _load(out / "memory_batches.json")
+    for per_batch in memory["results"]["batches"].values():
+        for L, res in per_batch["lengths"].items():
+            assert res["length"] == int(L) and res["schemes"]["none"]["ratio_peak"] == 1.0
+            assert "error" not in res["schemes"]["shaw"]
+    rows = batch_goals(load_results(out))
+    assert {(r["scheme"], r["length"], r["batch"]) for r in rows} == {
+        (pe, L, B) for pe in ("t5", "shaw") for L in (8, 12) for B in (1, 3)}
+    assert all(r["time_met"] is None for r in rows)  # goals are held at L = 512, 1024, 2048 only
+    table = (out / "table.md").read_text()
+    assert "Across batch sizes" in table and "| B=1 | B=3 |" in table and "| shaw | 12 |" in table
+    with pytest.raises(SystemExit):  # the batch files are replaced only with --overwrite
+        main(common + ["--only", "train", "--batches", "1"])
