@@ -39,8 +39,13 @@ test: env
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
+# the suite, then its batch axis (train_batches.json, memory_batches.json) into the same new runs/ folder
+BENCH_BATCHES ?= 1,2,8,16
+BENCH_BATCH_LENGTHS ?= 512,1024
 bench: env
-	$(BIN)/python -m benchmarks.run
+	out=runs/bench-$$(date -u +%Y%m%d-%H%M%S) && $(BIN)/python -m benchmarks.run --out $$out && \
+	$(BIN)/python -m benchmarks.run --out $$out --only train,memory --schemes t5,alibi,shaw,xlnet,deberta \
+	    --lengths $(BENCH_BATCH_LENGTHS) --batches $(BENCH_BATCHES)
 
 # the course website from the committed notebooks (no re-execution) -> build/book/html
 book: env
