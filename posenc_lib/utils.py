@@ -542,3 +542,40 @@ def load_weights(path: str | os.PathLike, *, advice: str = "delete it: the next 
 def interrupted_message(what_kept: str, how_to_continue: str) -> str:
     """The one line a command prints when Ctrl-C stops it."""
     return f"interrupted: {what_kept}; {how_to_continue}"
+
+
+def timing_command(p: argparse.ArgumentParser, a: argparse.Namespace, measure, *, record_load: bool = True) -> int | None:
+    """``--time-updates N [--timing-out FILE] [--overwrite]`` of the character-model experiments, in one place.
+
+    Checks the flags and the output file before any timing (one line naming the value via ``p.error``);
+    returns ``None`` when no timing was asked for (the command goes on), else the exit code: 0 after
+    ``measure(N)`` ran (its dict written atomically to ``--timing-out``, with the load average before the
+    timing when ``record_load``), :data:`INTERRUPTED` after Ctrl-C, with nothing written.
+    """
+    if a.time_updates < 0:
+        p.error(f"--time-updates must be >= 0, got {a.time_updates}")
+    if a.timing_out and not a.time_updates:
+        p.error("--timing-out needs --time-updates N")
+    if a.timing_out:  # checked before the timing, not after
+        try:
+            check_file_path(a.timing_out, "--timing-out")
+            if not a.overwrite:
+                refuse_overwrite([a.timing_out], advice="or give another --timing-out")
+        except (FileExistsError, ValueError) as err:
+            p.error(str(err))
+    if not a.time_updates:
+        return None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    try:
+        timing = measure(a.time_updates)
+    except KeyboardInterrupt:  # the timings are written once, at the end
+        import sys
+
+        print(interrupted_message("nothing was written" + (f" to {a.timing_out}" if a.timing_out else ""),
+                                  "run the same command again"), file=sys.stderr)
+        return INTERRUPTED
+    if a.timing_out:
+        if record_load:
+            timing["load_average_before"] = None if load is None else round(load, 2)
+        atomic_write_json(a.timing_out, timing)
+    return 0

@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_file_path,
-                     check_positive_int, interrupted_message, read_json, refuse_overwrite, set_seed)  # fmt: skip
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json,
+                     check_positive_int, interrupted_message, timing_command, read_json, set_seed)  # fmt: skip
 from .long_context import lr_at, parse_selection
 
 SCHEMA = "posenc.cope_counting/1"
@@ -428,27 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     seeds, names = parse_selection(p, a, list(MODELS))
-    if a.time_updates < 0:
-        p.error(f"--time-updates must be >= 0, got {a.time_updates}")
-    if a.timing_out and not a.time_updates:
-        p.error("--timing-out needs --time-updates N")
-    if a.timing_out:  # checked before the timing, not after
-        try:
-            check_file_path(a.timing_out, "--timing-out")
-            if not a.overwrite:
-                refuse_overwrite([a.timing_out], advice="or give another --timing-out")
-        except (FileExistsError, ValueError) as err:
-            p.error(str(err))
-    if a.time_updates:
-        try:
-            timing = time_updates(cfg, a.time_updates, names=names)
-        except KeyboardInterrupt:  # the timings are written once, at the end
-            print(interrupted_message("nothing was written" + (f" to {a.timing_out}" if a.timing_out else ""),
-                                      "run the same command again"), file=sys.stderr)
-            return INTERRUPTED
-        if a.timing_out:
-            atomic_write_json(a.timing_out, timing)
-        return 0
+    code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names), record_load=False)
+    if code is not None:
+        return code
     out = a.out or f"runs/cope-counting-{a.profile}"
     if Path(out).exists() and not Path(out).is_dir():
         p.error(f"--out {out} is a file; give a folder")

@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_file_path,
-                     check_positive_int, interrupted_message, read_json, refuse_overwrite, set_seed)
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json,
+                     check_positive_int, interrupted_message, timing_command, read_json, set_seed)
 from . import inside_tools as tools
 from . import long_context as lc
 
@@ -377,31 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     seeds, names = lc.parse_selection(p, a, list(MODELS))
-    if a.time_updates < 0:
-        p.error(f"--time-updates must be >= 0, got {a.time_updates}")
-    if a.timing_out and not a.time_updates:
-        p.error("--timing-out needs --time-updates N")
-    if a.timing_out:  # checked before the timing, not after
-        try:
-            check_file_path(a.timing_out, "--timing-out")
-            if not a.overwrite:
-                refuse_overwrite([a.timing_out], advice="or give another --timing-out")
-        except (FileExistsError, ValueError) as err:
-            p.error(str(err))
-    if a.time_updates:
-        import os
-
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        try:
-            timing = time_updates(cfg, a.time_updates, names=names)
-        except KeyboardInterrupt:  # the timings are written once, at the end
-            print(interrupted_message("nothing was written" + (f" to {a.timing_out}" if a.timing_out else ""),
-                                      "run the same command again"), file=sys.stderr)
-            return INTERRUPTED
-        if a.timing_out:
-            timing["load_average_before"] = None if load is None else round(load, 2)
-            atomic_write_json(a.timing_out, timing)
-        return 0
+    code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names))
+    if code is not None:
+        return code
     out = a.out or f"runs/inside-{a.profile}"
     if Path(out).exists() and not Path(out).is_dir():
         p.error(f"--out {out} is a file; give a folder")
