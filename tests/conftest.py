@@ -1,13 +1,5 @@
 """Test setup: never wait on the network, keep torch small and deterministic."""
 import os
-import sys
-from pathlib import Path
-
-# the repository root, so that ``benchmarks`` imports as it does under ``python -m pytest`` (make test) also
-# when the tests are started with the ``pytest`` command, which does not put the current folder on the path
-ROOT = str(Path(__file__).resolve().parents[1])
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
