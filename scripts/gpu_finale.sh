@@ -35,6 +35,8 @@ LOG=$RUN.log
 DONE=$RUN.done
 PIDF=$RUN.pid
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
+# fewer fragments in each model's GPU memory (several models share the card)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 if [ -n "$DATA" ]; then
   DATA_ARGS=(--data-dir "$DATA")
 elif [ "$SOURCE" = hub ]; then

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -270,6 +271,26 @@ def test_peak_memory_is_each_models_own(tmp_path):
     peak = json.loads((tmp_path / "run" / "none-seed0" / "result.json").read_text())["peak_mem_gib"]
     assert 0 <= peak < 0.5  # without the reset: >= 1
     report(f"peak memory of a tiny model after a 1 GiB allocation: {peak} GiB (its own)")
+
+
+@gpu_only
+def test_training_starts_in_a_fresh_process(tmp_path):
+    """The pipeline's workers are new processes: the first CUDA call of one is train_model's (resetting the peak
+    memory before CUDA is initialised raised 'Invalid device argument' there, never in a test process that had
+    used CUDA already)."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from posenc_lib.experiments.wmt14 import run\n"
+        "from posenc_lib.experiments.wmt14.train import get_profile\n"
+        "prof = get_profile('smoke', dict(vocab_size=300, max_train_pairs=None, max_steps=2, log_every=2, val_every=2,"
+        " ckpt_every=2, val_pairs=8, eval_limit=4, bertscore=False, bootstrap_samples=20, batch_tokens=300))\n"
+        "run(prof, ['none'], [0], Path(sys.argv[1]) / 'run', data_dir=sys.argv[2], source='files', progress=False,"
+        " log=lambda m: None, device=sys.argv[3])\n")
+    data = _tiny_data(tmp_path)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(data), DEVICE], capture_output=True,
+                          text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "run" / "none-seed0" / "result.json").is_file()
 
 
 if __name__ == "__main__":

@@ -358,7 +358,7 @@ def test_jobs_auto_fits_models_to_gpu_memory(monkeypatch):
         total_memory = 0
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props)
-    for gib, want in ((79.1, 4), (39.4, 2), (23.6, 1), (14.7, 1), (139.8, 4)):
+    for gib, want in ((79.6, 2), (75.9, 1), (39.4, 1), (14.7, 1), (139.8, 3), (160.0, 4), (320.0, 4)):
         Props.total_memory = int(gib * 2**30)
         assert resolve_jobs("auto", "cuda:0", 8) == want
     assert resolve_jobs("auto", "cpu", 8) == 1 and resolve_jobs(4, "cpu", 2) == 2 and resolve_jobs("3", "cpu", 8) == 3

@@ -130,6 +130,8 @@ RESULT_COMMANDS = {
                                   "--timing-out results/inside/timing.json",
     "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume",
+    "results/wmt14-gpu-short": "SOURCE=files SEEDS=0 RUN_DIR=results/wmt14-gpu-short bash scripts/gpu_finale.sh start 4 "
+                               "(on one H200 GPU; the calibration fits max_steps to the 4-minute budget)",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
     "benchmarks/results/decode_profile.json": "python -m benchmarks.decode_profile --out benchmarks/results --overwrite",
     "benchmarks/results/train_speed.json": "python -m benchmarks.train_speed --out benchmarks/results/train_speed.json "

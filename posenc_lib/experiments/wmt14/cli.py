@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="train unfinished models again from update 0, replacing "
                                                              "their checkpoints (finished models are kept)")
     ap.add_argument("--jobs", default="1", help="models trained at once as separate processes on one device "
-                                                "(an integer or 'auto': one per 16 GiB of GPU memory, at most 4)")
+                                                "(an integer or 'auto': one per 38 GiB of GPU memory, at most 4)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (per job)")
     ap.add_argument("--no-progress", action="store_true")

@@ -481,6 +481,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     model_dir = Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     if torch.device(device).type == "cuda":  # a worker process may train several models in turn
+        torch.cuda.init()  # a fresh process has no CUDA allocator yet: resetting its statistics would fail
         torch.cuda.reset_peak_memory_stats(device)
     ckpt_dir = Path(ckpt_dir) if ckpt_dir is not None else model_dir
     ckpt_dir.mkdir(parents=True, exist_ok=True)
