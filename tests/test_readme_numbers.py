@@ -64,7 +64,7 @@ def test_readme_quotes_the_run_before_the_fused_path():
     res = doc["results"]["lengths"]["1024"]
     assert doc["machine"]["torch_threads"] == 2 and doc["config"]["repeats"] == 3
     section = _cost_section()
-    before = section.split("Before the fused CPU path", 1)[1].split("No GPU run", 1)[0]
+    before = section.split("Before the fused CPU path", 1)[1].split("No GPU run of this suite", 1)[0]
     for pe in ("shaw", "t5", "xlnet", "deberta"):
         assert f"{pe} {res[pe]['ratio']:.2f}×" in before, pe
 
@@ -331,3 +331,45 @@ def test_readme_survey_costs_match_their_run():
     assert f"peak memory at most {max(memory[pe]['ratio_peak'] for pe in ('xpos', 'fire', 'cope', 'kerple')):.2f}× for all four" in text
     moved = [max(abs(survey[L][pe]["ratio"] - main[L][pe]["ratio"]) for pe in ("t5", "alibi", "rope")) for L in ("256", "1024")]
     assert f"moved by up to {moved[0]:.2f} at L = 256 and {moved[1]:.2f} at L = 1024" in text
+
+
+def test_readme_quotes_the_short_gpu_run():
+    """The README's figures of the short gpu-profile run on an H200 come from results/wmt14-gpu-short."""
+    run = ROOT / "results" / "wmt14-gpu-short"
+    cal = json.loads((run / "calibration.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    section = text.split("**What has been measured on a GPU**", 1)[1].split("- **The data folder.**", 1)[0]
+    assert cal["hardware"]["gpu"] == "NVIDIA H200" and "one H200" in section
+    assert f"torch {cal['hardware']['torch'].split('.')[0]}.{cal['hardware']['torch'].split('.')[1]}" in text
+    passed = re.search(r"(\d+) passed", (run / "cuda_tests.txt").read_text()).group(1)
+    assert "failed" not in (run / "cuda_tests.txt").read_text().splitlines()[-1]
+    assert f"`tests/test_cuda.py`: {passed} passed" in section
+    s = [m["s_per_update"] for m in cal["schemes"].values()]
+    tok = [m["tok_per_s"] for m in cal["schemes"].values()]
+    alloc = [m["peak_mem_gib"] for m in cal["schemes"].values()]
+    reserved = [m["peak_reserved_gib"] for m in cal["schemes"].values()]
+    assert {m["concurrent"] for m in cal["schemes"].values()} == {4} and "four models at once" in section
+    assert f"{min(s):.2f}–{max(s):.2f} s per update per model" in section
+    assert f"({round(min(tok), -3):,.0f}–{round(max(tok), -3):,.0f} target tokens/s each)" in section
+    assert f"{min(alloc):.1f}–{max(alloc):.1f} GiB allocated and {min(reserved):.1f}–{max(reserved):.1f} GiB reserved" in section
+    assert cal["fits"][0] == {"seeds": 1, "max_steps": 200, "warmup": 50, "wall_min": cal["fits"][0]["wall_min"]}
+    assert "fitted 200 updates (warmup 50)" in section
+    assert cal["projection"]["max_steps"] == 3200 and f"at {round(cal['projection']['wall_min'])} minutes" in section
+    models = [json.loads((run / f"{pe}-seed0" / "result.json").read_text()) for pe in cal["pes"]]
+    walls = [m["wall_s"] for m in models]
+    assert {m["updates"] for m in models} == {200}
+    assert f"200 updates took {min(walls):.0f}–{max(walls):.0f} s per model" in section
+    per = [w / 200 for w in walls]
+    assert f"({min(per):.2f}–{max(per):.2f} s per update," in section
+    assert f"training alone takes {int(3200 * min(per) / 60)}–{round(3200 * max(per) / 60)} minutes" in text
+    rate = [m["tok_per_s"] for m in models]
+    assert f"{round(min(rate), -3):,.0f}–{round(max(rate), -3):,.0f} target tokens/s" in section
+    trained = [m for m in models if m["peak_mem_gib"] > 1]  # the resumed model only translated in that process
+    assert f"peak allocation over them was {max(m['peak_mem_gib'] for m in trained):.1f} GiB" in section
+    tokens = [m["tok_per_s"] * m["wall_s"] / 1e6 for m in models]
+    assert f"({sum(tokens) / len(tokens):.1f}M target tokens" in section
+    bleu = [m["tests"]["heldout"]["bleu"] for m in models]
+    assert f"in-domain BLEU is {min(bleu):.1f}–{max(bleu):.1f}" in section
+    # the calibration's share of the chip's bf16 peak, quoted in "What it costs"
+    share = 7.8e12 * 4 / (sum(s) / len(s)) / 790e12
+    assert f"reached about {share * 100:.0f} %" in text

@@ -176,8 +176,9 @@ PROFILES: dict[str, Profile] = {
     "laptop": Profile(name="laptop", precision="bf16", max_steps=10000, warmup=500, val_every=500, ckpt_every=250),
     # One GPU: the base Transformer's body (d512, 8 heads, 6+6 layers, ff 2048; 52M parameters with a
     # 16k joint BPE), <= 64-token pairs, ~24k target tokens per update, 3200 updates (~77M target
-    # tokens, ~4 epochs of 600k pairs). Sized by arithmetic in benchmarks/README.md: four schemes x two
-    # seeds train and decode in about 20 minutes on one H100 (bf16, --jobs 4), not yet calibrated on one.
+    # tokens, ~4 epochs of 600k pairs). Sized by arithmetic in benchmarks/README.md (four schemes x two
+    # seeds in about 20 minutes on one H100); calibrated on one H200 (results/wmt14-gpu-short): about
+    # 33 minutes for the four schemes of one seed, four at a time.
     "gpu": Profile(
         name="gpu", d_model=512, n_heads=8, num_layers=6, num_decoder_layers=6, dim_feedforward=2048,
         vocab_size=16000, max_tokens=64, batch_tokens=24000, lr=8e-4, warmup=800, max_steps=3200,
