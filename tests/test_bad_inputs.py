@@ -724,6 +724,7 @@ def _file_system_clis(tmp, monkeypatch):
     from posenc_lib.experiments import inside as ins
     from posenc_lib.experiments import long_context as lc
     from posenc_lib.experiments import long_context_extra as extra
+    from posenc_lib.experiments import long_context_scaled as lcs
     from posenc_lib.experiments import rope_variants as rv
     from posenc_lib.experiments.wmt14 import main as wmt14_main
     from posenc_lib.experiments.wmt14.data import read_parallel
@@ -766,6 +767,8 @@ def _file_system_clis(tmp, monkeypatch):
     monkeypatch.setattr(ins, "train_one", lambda name, seed, cfg, out: atomic_write_json(
         ins.result_path(out, name, seed), {"config": config_of(cfg)}) or "done")
     monkeypatch.setattr(extra, "run", extra_run)
+    monkeypatch.setattr(lcs, "readings", lambda seed, cfg, out, ckpt, trials: atomic_write_json(
+        lcs._path(out, "readings", seed), {"config": config_of(cfg), "trials": trials}) or "done")
     monkeypatch.setattr(br, "bench_train", lambda schemes, cfg, quiet: {"lengths": {}})
     monkeypatch.setattr(br, "write_report", lambda out: (out / "table.md").write_text("report\n"))
     monkeypatch.setattr(bb.subprocess, "run", lambda cmd, **kw: Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True))
@@ -778,6 +781,7 @@ def _file_system_clis(tmp, monkeypatch):
         "extrapolation": (ex.main, ["--pe", "none", "--seeds", "0", "--no-progress"]),
         "long_context": (lc.main, ["--models", "nope", "--seeds", "0", "--no-finetune", "--ckpt", str(tmp / "ck")]),
         "long_context_extra": (extra.main, ["sinusoidal"]),
+        "long_context_scaled": (lcs.main, ["--seeds", "0", "--finetunes", "none", "--ckpt", str(tmp / "ck")]),
         "rope_variants": (rv.main, ["--models", "nope", "--seeds", "0"]),
         "cope_counting": (cc.main, ["--models", "none", "--seeds", "0"]),
         "inside": (ins.main, ["--models", "nope", "--seeds", "0"]),
@@ -788,7 +792,8 @@ def _file_system_clis(tmp, monkeypatch):
 
 from pathlib import Path  # noqa: E402 (used by the stubs above)
 
-FS_CLIS = ("wmt14", "make-data", "calibrate", "extrapolation", "long_context", "long_context_extra", "rope_variants", "cope_counting",
+FS_CLIS = ("wmt14", "make-data", "calibrate", "extrapolation", "long_context", "long_context_extra", "long_context_scaled",
+           "rope_variants", "cope_counting",
            "inside", "benchmarks", "book")
 
 

@@ -68,6 +68,25 @@ def test_scaled_frequencies_match_transformers_on_random_settings(rope_type):
         checked += 1
 
 
+def test_static_ntk_is_transformers_dynamic_read_at_s_times_L():
+    """Static NTK-aware scaling (bloc97) has no rope type in transformers: its ``dynamic`` with factor 1, read at
+    ``seq_len = s * L``, raises the base by exactly ``s ** (d / (d - 2))``, the static rule."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rng = random.Random(7)
+    for _ in range(25):
+        head_dim, L = rng.choice([4, 8, 16, 64, 128]), rng.choice([16, 64, 2048])
+        base, s = rng.choice([10000.0, 500000.0, rng.uniform(100.0, 1e6)]), rng.choice([1.0, 2.0, 8.0, 32.0])
+        dyn = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+        ref, _ = ROPE_INIT_FUNCTIONS["dynamic"](_hf_config(head_dim, base, dyn, L), None, seq_len=int(s * L))
+        ours, scale = scaled_rope_frequencies(head_dim, base, {"rope_type": "ntk", "factor": s})
+        torch.testing.assert_close(ours, ref.float(), rtol=1e-5, atol=0)
+        assert scale == 1.0
+        plain, _ = scaled_rope_frequencies(head_dim, base)
+        assert ours[0] == plain[0]  # the fastest pair is kept, the slowest divided by exactly s
+        torch.testing.assert_close(ours[-1], plain[-1] / s, rtol=1e-5, atol=0)
+
+
 def test_yarn_attention_factor_options_match_transformers():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -155,7 +174,9 @@ def test_dynamic_accepts_a_device_length_without_reading_it():
 @pytest.mark.parametrize(
     "scaling, match",
     [
-        ({"rope_type": "ntk", "factor": 2}, r"unknown rope_type 'ntk'; valid rope types: linear, dynamic, yarn, llama3"),
+        ({"rope_type": "ntk-aware", "factor": 2},
+         r"unknown rope_type 'ntk-aware'; valid rope types: linear, dynamic, yarn, llama3, longrope, proportional, ntk"),
+        ({"rope_type": "ntk"}, r"missing \['factor'\]"),
         ({"factor": 2}, "missing 'rope_type'"),
         ({"rope_type": "linear"}, r"missing \['factor'\]"),
         ({"rope_type": "yarn", "factor": 4}, r"missing \['original_max_position_embeddings'\]"),

@@ -116,6 +116,8 @@ RESULT_COMMANDS = {
                                              "encdec (without alibi) and decoder, LR 1e-3 and 4e-3",
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
+    "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "
+                                   "0,1,2 --trials 100 --finetunes none --out results/long_context_scaled",
     "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra --out "
                                   "results/long_context_extra",
     "results/rope_variants": "python -m posenc_lib.experiments.rope_variants --profile course --seeds 0,1,2 --out "

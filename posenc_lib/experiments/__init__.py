@@ -5,6 +5,9 @@
 * ``long_context.py``: a character language model trained at 64, read at up to 512, with RoPE's
   rescalings (lessons 10 and 14); ``python -m posenc_lib.experiments.long_context``.
 * ``long_context_extra.py``: two extra models beside that run (lessons 07 and 10).
+* ``long_context_scaled.py``: that run's RoPE models read fairly: every rescaling at ``s = n / L``,
+  static NTK, passkey retrieval, fine-tuning as a curve (lesson 14);
+  ``python -m posenc_lib.experiments.long_context_scaled``.
 * ``cope_counting.py``: the k-th word back, where position is counted in words, not tokens: CoPE against
   RoPE, ALiBi and no positions (lesson 11); ``python -m posenc_lib.experiments.cope_counting``.
 * ``rope_variants.py``: partial rotary and RoPE:NoPE layers on that character model (lesson 15).

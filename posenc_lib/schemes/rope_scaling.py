@@ -17,6 +17,15 @@ angles the model has (nearly) seen:
 
       base' = base * (s * n / L - (s - 1)) ** (d / (d - 2)),   n = max(seq_len, L)
 
+* **ntk** -- static NTK-aware scaling (bloc97, 2023, r/LocalLLaMA; the rule dynamic NTK applies at each
+  length, fixed to one factor): raise the base once so that the lowest frequency is divided by ``s``
+  while the highest is kept::
+
+      base' = base * s ** (d / (d - 2))
+
+  ``transformers`` has no rope type of its own for it: its ``dynamic`` with ``factor = 1`` read at
+  ``seq_len = s * L`` gives the same frequencies (tested).
+
 * **yarn** -- YaRN (Peng, Quesnelle, Fan & Shippole 2023, arXiv:2309.00071): "NTK-by-parts".
   A frequency whose wavelength ``lambda_k = 2 pi / theta_k`` fits many times into ``L``
   (more than ``beta_fast`` turns) is kept; one that turns less than ``beta_slow`` times is
@@ -86,6 +95,7 @@ ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "llama3": (("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"), {}),
     "longrope": (("factor", "original_max_position_embeddings", "short_factor", "long_factor"), {"attention_factor": None}),
     "proportional": ((), {"factor": 1.0, "partial_rotary_factor": 1.0}),
+    "ntk": (("factor",), {}),
 }
 
 #: the rope types whose frequencies depend on the current length (recomputed per call, not cached)
@@ -203,7 +213,7 @@ def scaled_rope_frequencies(
 
     ``head_dim``: dimensions that rotate (``rotary_dim`` for partial rotary), even.
     ``scaling``: ``None`` (plain RoPE, ``theta_k = base^(-2k/d)``) or a dict with ``rope_type`` in
-    ``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, ``proportional`` and that type's keys
+    ``linear``, ``ntk``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``, ``proportional`` and that type's keys
     (see :data:`ROPE_TYPES`).
     ``seq_len``: the current length, used by ``dynamic`` and ``longrope`` only (an int, or a 0-d tensor
     so that no value has to leave the device); ``None`` means the training length, i.e. no scaling yet.
@@ -221,6 +231,10 @@ def scaled_rope_frequencies(
     rope_type, s = scaling["rope_type"], scaling["factor"]
     if rope_type == "linear":
         return inv_freq / s, 1.0
+    if rope_type == "ntk":
+        if head_dim < 4:
+            raise ValueError(f"rope_type 'ntk' needs head_dim >= 4 (its exponent is d / (d - 2)), got {head_dim}")
+        return 1.0 / ((base * s ** (head_dim / (head_dim - 2))) ** exponents), 1.0
     if rope_type == "dynamic":
         if head_dim < 4:
             raise ValueError(f"rope_type 'dynamic' needs head_dim >= 4 (its exponent is d / (d - 2)), got {head_dim}")

@@ -1,0 +1,381 @@
+"""Long context, read fairly: every RoPE rescaling set to the length it is read at, and a passkey test.
+
+The second experiment of notebooks/14_long_context.ipynb, on the RoPE models of
+posenc_lib/experiments/long_context.py (same profile, same seeds, same weights).  That experiment
+configures Position Interpolation, YaRN and Llama 3 for the longest length (``s = 8`` for 512
+characters) and reads them at every length, while dynamic NTK rescales itself to each length: a
+comparison that favours dynamic NTK by construction.  Here every static method is read at each
+length ``n`` with its factor matched to it, ``s = n / L`` (``s = 1`` inside the training window:
+plain RoPE), and static NTK-aware scaling (bloc97; ``rope_type="ntk"`` in
+posenc_lib/schemes/rope_scaling.py) joins them.  On whole windows, dynamic NTK read at ``n`` *is*
+static NTK with ``s = n / L``; the run checks that the two agree.
+
+Perplexity of a small character model leans mostly on the last few characters, so a second test
+needs the far context: **passkey retrieval** (Mohtashami & Jaggi 2023; used by Chen et al. 2023 for
+Position Interpolation and by Peng et al. 2023 for YaRN).  A window of held-out text carries the
+sentence `` the pass key is 52817. `` near its start and ends with `` the pass key is `` followed by
+the same five digits; the model retrieves the key when its prediction (arg max) of each of the five
+digits is right, which is exactly when greedy decoding would write the key.  Inside the training
+window the key sits up to ``L`` characters back; at ``n > L`` it sits more than ``L`` back, where
+only a model that reads beyond its training length can find it.
+
+Also per reading: the perplexity of the first ``L`` positions of every window (where the model is
+on known ground) beside the whole window's.
+
+**Fine-tuning as a curve**: each static method's model (factor 8) is fine-tuned on 512-character
+windows and measured before the fine-tune and after ``FT_POINTS`` updates, perplexity and passkey at
+every length.
+
+Each seed writes one JSON file into ``--out`` for the readings and one per fine-tune, each as soon
+as it finishes (temporary file + rename); a rerun skips finished files.  The pre-trained weights are
+read from ``--ckpt`` (the folder ``long_context`` saves them in) and trained again, identically, when
+they are missing.
+
+Command line::
+
+    python -m posenc_lib.experiments.long_context_scaled --profile smoke --out runs/longctx-scaled-smoke
+    python -m posenc_lib.experiments.long_context_scaled --profile course --seeds 0,1,2 \\
+        --out results/long_context_scaled --jobs 2
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
+                     interrupted_message, load_weights, read_json, set_seed)
+from . import long_context as lc
+
+SCHEMA = "posenc.longctx-scaled/1"
+#: the static rescalings read with ``s = n / L``; ``dynamic`` (which does that by itself) beside them
+STATIC = ("linear", "ntk", "yarn", "llama3")
+READINGS = ("none", *STATIC, "dynamic")
+#: fine-tunes at the longest length (factor ``cfg.factor``), measured after these many updates
+FINETUNED = ("linear", "ntk", "yarn")
+FT_POINTS = (0, 25, 100, 400)
+
+
+def ft_points(cfg: lc.LongContextConfig) -> tuple[int, ...]:
+    """The update counts a fine-tune is measured at: :data:`FT_POINTS` for the course profile, ``(0, the
+    profile's finetune_steps)`` for the others (the smoke profile's few updates)."""
+    return FT_POINTS if cfg.name == "course" else (0, cfg.finetune_steps)
+#: the passkey sentence and its question (lower case: the Europarl text the model read is mostly so)
+NEEDLE = " the pass key is {key}. "
+QUESTION = " the pass key is "
+KEY_DIGITS = 5
+
+
+def scaling_for(method: str, cfg: lc.LongContextConfig, factor: float) -> dict | None:
+    """The ``scaling`` dict of ``method`` with scale factor ``factor`` (``None`` for plain RoPE)."""
+    L = cfg.train_len
+    if method == "none" or (method in STATIC and factor <= 1):
+        return None
+    if method == "ntk":
+        return {"rope_type": "ntk", "factor": factor}
+    if method == "dynamic":
+        return {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+    base = dict(lc.scalings(cfg)[method])
+    base["factor"] = factor
+    return base
+
+
+def read_with(model, cfg: lc.LongContextConfig, method: str, factor: float):
+    """Set the RoPE model's scaling in place and return it."""
+    _pe, options, _ = lc.models(cfg)["rope"]
+    sc = scaling_for(method, cfg, factor)
+    model.set_scheme("rope", **({**options, "scaling": sc} if sc is not None else options))
+    return model
+
+
+# -- the passkey test -----------------------------------------------------------------------------
+def passkey_fits(n: int, L: int) -> bool:
+    """Whether a window of ``n`` characters holds the needle and the question (with the key more than ``L``
+    characters back when ``n > L``)."""
+    room = n - len(NEEDLE.format(key="0" * KEY_DIGITS)) - len(QUESTION) - KEY_DIGITS
+    return room >= 0 and (n <= L or room >= L)
+
+
+def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``trials`` windows of ``n`` characters: held-out text with the needle planted and the question at
+    the end, followed by the key.  Returns ``(ids (trials, n), key positions (trials, 5), distances)``:
+    the positions at which the key's digits are predicted (the logits one step earlier) and, per window,
+    how many characters back the needle's key starts from the question's key."""
+    g = torch.Generator().manual_seed(seed)
+    tail = len(QUESTION) + KEY_DIGITS
+    needle_len = len(NEEDLE.format(key="0" * KEY_DIGITS))
+    assert NEEDLE.startswith(QUESTION)
+    room = n - needle_len - tail  # filler characters in the window
+    if room < 0:
+        raise ValueError(f"passkey windows need n >= {needle_len + tail}, got n={n}")
+    # inside the window (n <= L) anywhere; beyond it, far enough that the key is more than L back
+    last = room if n <= L else room - L
+    if last < 0:
+        raise ValueError(f"n={n} is too short to plant the key more than L={L} characters back")
+    rows, where, dist = [], [], []
+    for _ in range(trials):
+        key = "".join(str(d) for d in torch.randint(0, 10, (KEY_DIGITS,), generator=g).tolist())
+        pos = int(torch.randint(0, last + 1, (1,), generator=g))
+        start = int(torch.randint(0, len(eval_text) - room - 1, (1,), generator=g))
+        filler = eval_text[start : start + room]
+        text = filler[:pos] + NEEDLE.format(key=key) + filler[pos:] + QUESTION + key
+        assert len(text) == n
+        rows.append(vocab.encode(text))
+        where.append(list(range(n - KEY_DIGITS - 1, n - 1)))
+        dist.append((n - KEY_DIGITS) - (pos + len(QUESTION)))  # the needle's key starts after its QUESTION-long prefix
+    return torch.stack(rows), torch.tensor(where), dist
+
+
+@torch.no_grad()
+def passkey(model, vocab, eval_text: str, lengths: Sequence[int], L: int, trials: int, seed: int) -> list[dict]:
+    """Per length: the share of windows whose key the model retrieves (all five digits right) and the share
+    of digits right (chance: 0.1)."""
+    model.eval()
+    out = []
+    for n in lengths:
+        ids, where, dist = passkey_batch(vocab, eval_text, n, L, trials, seed + n)
+        hits = []
+        for i in range(0, trials, 32):
+            logits = model(ids[i : i + 32])
+            pred = logits.argmax(-1).gather(1, where[i : i + 32])
+            hits.append(pred == ids[i : i + 32].gather(1, where[i : i + 32] + 1))
+        hit = torch.cat(hits)
+        out.append({"length": n, "retrieved": round(float(hit.all(1).float().mean()), 4),
+                    "digits": round(float(hit.float().mean()), 4), "trials": trials,
+                    "distance_min": min(dist), "distance_max": max(dist)})  # fmt: skip
+    return out
+
+
+@torch.no_grad()
+def first_positions_ppl(model, ids: torch.Tensor, lengths: Sequence[int], L: int) -> list[float]:
+    """Per length ``n``: perplexity of the first ``L`` positions of the same non-overlapping windows as
+    :func:`long_context.evaluate` (the part of a long window the model knows from training)."""
+    model.eval()
+    out = []
+    for n in lengths:
+        k = (ids.numel() - 1) // n
+        x, y = ids[: k * n].view(k, n), ids[1 : k * n + 1].view(k, n)
+        total = torch.zeros(())
+        for i in range(0, k, 16):
+            logits = model(x[i : i + 16])[:, :L]
+            total += F.cross_entropy(logits.transpose(1, 2), y[i : i + 16, :L], reduction="sum")
+        out.append(round(math.exp(float(total) / (k * min(L, n))), 4))
+    return out
+
+
+def measure(model, cfg, vocab, eval_ids, eval_text, trials: int, seed: int, method: str, factor_of) -> dict:
+    """Perplexity (whole window and first L positions) and passkey of one reading at every eval length;
+    ``factor_of(n)`` is the scale factor used at length ``n``."""
+    rows = []
+    for n in cfg.eval_lengths:
+        read_with(model, cfg, method, factor_of(n))
+        ev = lc.evaluate(model, eval_ids, [n])[0]
+        ev["factor"] = factor_of(n)
+        ev["ppl_first_L"] = first_positions_ppl(model, eval_ids, [n], cfg.train_len)[0]
+        fits = passkey_fits(n, cfg.train_len)  # not in the smoke profile's short windows
+        ev["passkey"] = passkey(model, vocab, eval_text, [n], cfg.train_len, trials, seed)[0] if fits else None
+        rows.append(ev)
+    return {"method": method, "rows": rows}
+
+
+# -- the jobs -------------------------------------------------------------------------------------
+def _weights(cfg, seed: int, ckpt, vocab_size: int):
+    """The pre-trained RoPE model of ``seed``: loaded from ``ckpt``, or trained again (same seed, same
+    data: the same weights as long_context's run) and saved there."""
+    path = lc.ckpt_path(ckpt, cfg, "rope", seed)
+    if path.exists():
+        model = lc.make_model("rope", cfg, vocab_size)
+        model.load_state_dict(load_weights(path, advice=f"delete it: the next run trains rope seed {seed} again"))
+        return model, None
+    _vocab, _ev, model, _losses, seconds = lc.train_at_length(lambda v: lc.make_model("rope", cfg, v), seed, cfg)
+    atomic_torch_save(model.state_dict(), path)
+    return model, seconds
+
+
+def _eval_text(cfg) -> str:
+    return lc.load_text(cfg)[1]
+
+
+def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> str:
+    """Zero-shot: plain RoPE, each static method with ``s = n / L`` and with ``s = cfg.factor``, dynamic NTK."""
+    torch.set_num_threads(cfg.threads)
+    vocab, _train_ids, eval_ids = lc.data(cfg)
+    eval_text = _eval_text(cfg)
+    model, seconds = _weights(cfg, seed, ckpt, len(vocab))
+    t0 = time.perf_counter()
+    L = cfg.train_len
+    matched = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: max(1.0, n / L))
+               for m in READINGS}  # fmt: skip
+    fixed = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: cfg.factor)
+             for m in STATIC}  # fmt: skip
+    rec = {"schema": SCHEMA, "kind": "readings", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+           "trials": trials, "matched": matched, "fixed": fixed, "retrained_seconds": seconds,
+           "eval_seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
+    atomic_write_json(_path(out, "readings", seed), rec)
+    return f"done readings seed {seed}: " + _line(matched)
+
+
+def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int,
+                   points: Sequence[int] | None = None) -> str:  # fmt: skip
+    """Fine-tune the RoPE model with ``method`` at factor ``cfg.factor`` on the longest windows; measure it
+    (both perplexities and passkey, every length) after each update count in ``points``."""
+    torch.set_num_threads(cfg.threads)
+    vocab, train_ids, eval_ids = lc.data(cfg)
+    eval_text = _eval_text(cfg)
+    model, _ = _weights(cfg, seed, ckpt, len(vocab))
+    read_with(model, cfg, method, cfg.factor)
+    set_seed(seed)
+    curve = []
+    points = ft_points(cfg) if points is None else tuple(points)
+
+    def on_update(u, m):
+        row = measure(m, cfg, vocab, eval_ids, eval_text, trials, seed, method, lambda n: cfg.factor)
+        curve.append({"updates": u, "rows": row["rows"]})
+        read_with(m, cfg, method, cfg.factor)
+
+    t0 = time.perf_counter()
+    steps = max(points)
+    losses = lc.train_steps(model, train_ids, length=cfg.long_len, batch=cfg.finetune_batch, steps=steps,
+                            lr=cfg.finetune_lr, warmup=max(1, steps // 10), grad_clip=cfg.grad_clip,
+                            seed=10_000 + seed, log_every=25, at=points, on_update=on_update)  # fmt: skip
+    rec = {"schema": SCHEMA, "kind": "finetune", "method": method, "seed": seed, "profile": cfg.name,
+           "config": asdict(cfg), "trials": trials, "points": list(points), "train_loss": losses, "curve": curve,
+           "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
+    atomic_write_json(_path(out, f"ft-{method}", seed), rec)
+    last = curve[-1]["rows"]
+    return (f"done ft-{method} seed {seed}: {rec['seconds']:.0f} s; after {steps} updates ppl "
+            + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in last) + "; passkey "
+            + " ".join(f"{r['length']}:{_pk(r)}" for r in last))
+
+
+def _line(block: dict) -> str:
+    return "; ".join(f"{m}: " + " ".join(f"{r['length']}:{r['ppl']:.2f}/{_pk(r)}" for r in v["rows"])
+                     for m, v in block.items())  # fmt: skip
+
+
+def _pk(row: dict) -> str:
+    return "-" if row["passkey"] is None else f"{row['passkey']['retrieved']:.2f}"
+
+
+def _path(out, stem: str, seed: int) -> Path:
+    return Path(out) / f"{stem}_seed{seed}.json"
+
+
+def _done(path: Path, cfg: lc.LongContextConfig, trials: int) -> bool:
+    if not path.exists():
+        return False
+    rec = read_json(path)
+    if rec.get("config") != json.loads(json.dumps(asdict(cfg))) or rec.get("trials") != trials:
+        raise ValueError(f"{path} was made with other settings (profile {rec.get('profile')!r}, "
+                         f"{rec.get('trials')} passkey trials; now {cfg.name!r}, {trials}); pass another --out "
+                         "folder, or the settings it was made with")  # fmt: skip
+    return True
+
+
+def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trials: int = 200,
+            finetunes: Sequence[str] = FINETUNED, jobs: int = 1, log=print) -> None:  # fmt: skip
+    """The readings of every seed, then the fine-tune curves; finished files are skipped."""
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    bad = [m for m in finetunes if m not in STATIC]
+    if bad:
+        raise ValueError(f"unknown fine-tune method(s) {bad}; valid choices: {', '.join(STATIC)}")
+    with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
+        # weights first, one process per seed, so that two jobs never train the same model
+        first = [(readings, (s, cfg, out, ckpt, trials)) for s in seeds
+                 if not _done(_path(out, "readings", s), cfg, trials)]  # fmt: skip
+        then = [(finetune_curve, (m, s, cfg, out, ckpt, trials)) for m in finetunes for s in seeds
+                if not _done(_path(out, f"ft-{m}", s), cfg, trials)]  # fmt: skip
+        for s in seeds:  # a fine-tune whose weights are missing waits for its readings to train them
+            if not lc.ckpt_path(ckpt, cfg, "rope", s).exists() and not any(a[0] == s for _, a in first):
+                first.append((_train_only, (s, cfg, ckpt)))
+        skipped = len(seeds) * (1 + len(finetunes)) - sum(fn is not _train_only for fn, _ in first) - len(then)
+        if skipped:
+            log(f"skipping {skipped} finished result(s) in {out}")
+        for phase in (first, then):
+            if jobs == 1 or len(phase) <= 1:
+                for fn, args in phase:
+                    log(fn(*args))
+            elif phase:
+                from concurrent.futures import as_completed
+
+                with WorkerPool(jobs) as pool:
+                    for f in as_completed([pool.submit(fn, *args) for fn, args in phase]):
+                        log(f.result())
+
+
+def _train_only(seed: int, cfg, ckpt) -> str:
+    vocab, _, _ = lc.data(cfg)
+    torch.set_num_threads(cfg.threads)
+    _, seconds = _weights(cfg, seed, ckpt, len(vocab))
+    return f"trained rope seed {seed} again ({seconds:.0f} s)" if seconds else f"rope seed {seed}: weights found"
+
+
+def load_results(out) -> list[dict]:
+    """Every record in ``out``, checked."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no results folder {out}")
+    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
+    for r in recs:
+        if r.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} record: {r.get('schema')!r}")
+    return recs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = CliParser(prog="python -m posenc_lib.experiments.long_context_scaled", description=__doc__.split("\n")[0])
+    p.add_argument("--profile", choices=sorted(lc.PROFILES), default="smoke")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
+    p.add_argument("--finetunes", default=",".join(FINETUNED),
+                   help="comma-separated methods to fine-tune (of " + ", ".join(STATIC) + "), or 'none'")
+    p.add_argument("--trials", type=int, default=200, help="passkey windows per length")
+    p.add_argument("--out", default=None, help="folder for the result files (default runs/longctx-scaled-PROFILE)")
+    p.add_argument("--ckpt", default="runs/longctx", help="where long_context keeps the pre-trained weights")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    a = p.parse_args(argv)
+    cfg = lc.PROFILES[a.profile]
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
+    if not seeds:
+        p.error("--seeds is empty")
+    fts = [] if a.finetunes.strip() == "none" else [m.strip() for m in a.finetunes.split(",") if m.strip()]
+    bad = [m for m in fts if m not in STATIC]
+    if bad:
+        p.error(f"unknown fine-tune method(s) {bad}; valid choices: {', '.join(STATIC)}, or 'none'")
+    if a.trials < 1:
+        p.error(f"--trials must be a positive integer, got {a.trials}")
+    if a.jobs < 1:
+        p.error(f"--jobs must be a positive integer, got {a.jobs}")
+    out = a.out or f"runs/longctx-scaled-{a.profile}"
+    for flag, folder in (("--out", out), ("--ckpt", a.ckpt)):
+        if Path(folder).exists() and not Path(folder).is_dir():
+            p.error(f"{flag} {folder} is a file; give a folder")
+    t0 = time.perf_counter()
+    try:
+        run_all(cfg, seeds, out, a.ckpt, trials=a.trials, finetunes=fts, jobs=a.jobs)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command to measure the "
+                                  "others (finished ones are skipped)"), file=sys.stderr)
+        return INTERRUPTED
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["STATIC", "READINGS", "FINETUNED", "FT_POINTS", "scaling_for", "passkey", "passkey_batch",
+           "first_positions_ppl", "run_all", "load_results"]  # fmt: skip
