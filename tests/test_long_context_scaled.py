@@ -12,7 +12,7 @@ from posenc_lib.schemes.rope_scaling import scaled_rope_frequencies
 class _Oracle(torch.nn.Module):
     """Predicts every next character right (one-hot logits of the shifted input): retrieves every key."""
 
-    def __init__(self, vocab_size, ids_of=None):
+    def __init__(self, vocab_size):
         super().__init__()
         self.v = vocab_size
 

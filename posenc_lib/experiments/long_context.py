@@ -463,15 +463,40 @@ def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, s
 
 
 # -- command line ---------------------------------------------------------------------------------
+def parse_seeds(p, text: str) -> list[int]:
+    """``--seeds``, checked: a bad value ends the command through ``p.error`` with one line naming it."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {text!r}")
+    if not seeds:
+        p.error("--seeds is empty")
+    return seeds
+
+
+def run_command(p, out, ckpt, work, again: str) -> int:
+    """The end of a character-LM command line: refuse an ``--out`` or ``--ckpt`` that is a file, run ``work()``,
+    and turn its errors and Ctrl-C into one line (exit 2, or the interrupted code saying ``again``)."""
+    for flag, folder in (("--out", out), ("--ckpt", ckpt)):
+        if Path(folder).exists() and not Path(folder).is_dir():
+            p.error(f"{flag} {folder} is a file; give a folder")
+    t0 = time.perf_counter()
+    try:
+        work()
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(interrupted_message(f"finished results are kept in {out}", again), file=sys.stderr)
+        return INTERRUPTED
+    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
+    return 0
+
+
 def parse_selection(p, a, valid: list[str]) -> tuple[list[int], list[str]]:
     """``--seeds``, ``--models`` and ``--jobs`` of a character-LM command line, checked: bad values end the
     command through ``p.error`` with one line naming the value and the valid choices."""
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
-    if not seeds:
-        p.error("--seeds is empty")
+    seeds = parse_seeds(p, a.seeds)
     names = valid if a.models == "all" else [m.strip() for m in a.models.split(",") if m.strip()]
     bad = [m for m in names if m not in valid]
     if bad or not names:
@@ -497,21 +522,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = PROFILES[a.profile]
     seeds, names = parse_selection(p, a, list(models(cfg)))
     out = a.out or f"runs/longctx-{a.profile}"
-    for flag, folder in (("--out", out), ("--ckpt", a.ckpt)):
-        if Path(folder).exists() and not Path(folder).is_dir():
-            p.error(f"{flag} {folder} is a file; give a folder")
-    t0 = time.perf_counter()
-    try:
-        run_all(cfg, seeds, out, a.ckpt, names=names, finetunes=[] if a.no_finetune else None, jobs=a.jobs)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command (with --resume) to "
-                                  "train the others (finished ones are skipped)"), file=sys.stderr)
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
-    return 0
+    return run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, names=names, finetunes=[] if
+                                                       a.no_finetune else None, jobs=a.jobs),
+                       "rerun the same command (with --resume) to train the others (finished ones are skipped)")
 
 
 if __name__ == "__main__":

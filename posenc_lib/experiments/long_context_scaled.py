@@ -50,8 +50,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
-                     interrupted_message, load_weights, read_json, set_seed)
+from ..utils import (CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, load_weights, read_json,
+                     set_seed)
 from . import long_context as lc
 
 SCHEMA = "posenc.longctx-scaled/1"
@@ -103,7 +103,8 @@ def passkey_fits(n: int, L: int) -> bool:
     return room >= 0 and (n <= L or room >= L)
 
 
-def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int,
+                  seed: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:  # fmt: skip
     """``trials`` windows of ``n`` characters: held-out text with the needle planted and the question at
     the end, followed by the key.  Returns ``(ids (trials, n), key positions (trials, 5), distances)``:
     the positions at which the key's digits are predicted (the logits one step earlier) and, per window,
@@ -341,12 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
     a = p.parse_args(argv)
     cfg = lc.PROFILES[a.profile]
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be comma-separated integers, got {a.seeds!r}")
-    if not seeds:
-        p.error("--seeds is empty")
+    seeds = lc.parse_seeds(p, a.seeds)
     fts = [] if a.finetunes.strip() == "none" else [m.strip() for m in a.finetunes.split(",") if m.strip()]
     bad = [m for m in fts if m not in STATIC]
     if bad:
@@ -356,21 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
     out = a.out or f"runs/longctx-scaled-{a.profile}"
-    for flag, folder in (("--out", out), ("--ckpt", a.ckpt)):
-        if Path(folder).exists() and not Path(folder).is_dir():
-            p.error(f"{flag} {folder} is a file; give a folder")
-    t0 = time.perf_counter()
-    try:
-        run_all(cfg, seeds, out, a.ckpt, trials=a.trials, finetunes=fts, jobs=a.jobs)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command to measure the "
-                                  "others (finished ones are skipped)"), file=sys.stderr)
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
-    return 0
+    return lc.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, trials=a.trials, finetunes=fts,
+                                                          jobs=a.jobs),
+                          "rerun the same command to measure the others (finished ones are skipped)")
 
 
 if __name__ == "__main__":
