@@ -507,7 +507,7 @@ def test_mrope_layouts_and_text_reduces_to_rope():
     (lambda: scaled_rope_frequencies(16, 10000.0, {"rope_type": "longrope", "factor": 2.0,
                                                    "original_max_position_embeddings": 64, "short_factor": [1.0] * 4,
                                                    "long_factor": [1.0] * 8}), "has 4 factors; head_dim=16 has 8"),
-    (lambda: check_scaling({"rope_type": "ntk", "factor": 2.0}), "valid rope types: .*longrope, proportional"),
+    (lambda: check_scaling({"rope_type": "ntk-aware", "factor": 2.0}), "valid rope types: .*longrope, proportional, ntk"),
     (lambda: partial_rotary_ladder("gptj", 0.5, 16), "unknown partial rotary kind 'gptj'; valid kinds: neox, proportional"),
     (lambda: rotary_pairs(1.2, 16), "fraction must be a number in \\[0, 1\\]"),
     (lambda: mrope_axes(16, (2, 3, 4)), "summing to head_dim // 2 = 8, got \\[2, 3, 4\\]"),

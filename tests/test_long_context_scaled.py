@@ -106,6 +106,8 @@ def test_smoke_run_writes_matched_and_fixed_readings_and_a_curve(tmp_path):
     assert rd["fixed"]["linear"]["rows"][0]["ppl"] != ppl["linear"][0]  # s = 4 at n = L is not plain
     for r in rd["matched"]["none"]["rows"]:
         assert (r["passkey"] is None) == (not lcs.passkey_fits(r["length"], L)) and r["ppl_first_L"] > 1
+        # a causal model's first L positions see only themselves: plain RoPE scores them as a window of L would
+        assert (r["ppl_first_L"] == r["ppl"]) == (r["length"] == L)
     ft = recs[("finetune", "linear")]
     assert [c["updates"] for c in ft["curve"]] == [0, lc.SMOKE.finetune_steps]
     assert [r["ppl"] for r in ft["curve"][0]["rows"]] == [r["ppl"] for r in rd["fixed"]["linear"]["rows"]]

@@ -264,9 +264,11 @@ def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, 
 
 
 @torch.no_grad()
-def evaluate(model: CausalLM, ids: torch.Tensor, lengths: Sequence[int], *, bins: int = 8) -> list[dict]:
+def evaluate(model: CausalLM, ids: torch.Tensor, lengths: Sequence[int], *, bins: int = 8,
+             first: int | None = None) -> list[dict]:  # fmt: skip
     """Per length: mean NLL (nats/char) and perplexity over non-overlapping windows of ``ids``;
-    the NLL in ``bins`` equal position bins; the mean attention entropy (nats) of every query row."""
+    the NLL in ``bins`` equal position bins; the mean attention entropy (nats) of every query row; with
+    ``first``, also ``ppl_first``: the perplexity of the first ``first`` positions of the same windows."""
     model.eval()
     rows = []
     for n in lengths:
@@ -287,6 +289,8 @@ def evaluate(model: CausalLM, ids: torch.Tensor, lengths: Sequence[int], *, bins
             "nll_by_position": [round(float(v), 4) for v in nll.view(bins, -1).mean(1)] if n % bins == 0 else None,
             "attention_entropy": round(float(ent), 4),
         })  # fmt: skip
+        if first is not None:
+            rows[-1]["ppl_first"] = round(math.exp(float(nll[:first].mean())), 4)
     return rows
 
 
