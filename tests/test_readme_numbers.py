@@ -379,3 +379,23 @@ def test_readme_quotes_the_short_gpu_run():
     # the calibration's share of the chip's bf16 peak, quoted in "What it costs"
     share = 7.8e12 * 4 / (sum(s) / len(s)) / 790e12
     assert f"reached about {share * 100:.0f} %" in text
+
+
+def test_readme_quotes_the_fp32_training_time_of_the_nine_way_models():
+    """The README's command comment: 80-105 min of training per model in fp32, measured on the seed-0 models of the
+    nine-way run that trained in fp32."""
+    results = json.loads((WMT14 / "results.json").read_text())
+    mins = [r["wall_s"] / 60 for pe in ("learned", "t5", "xlnet") for r in [results["models"][pe]["0"]]
+            if r["precision"] == "fp32"]
+    assert len(mins) == 3 and (round(min(mins)), round(max(mins))) == (80, 105)
+    assert "precision=fp32: 80-105 min of training per model there" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_quotes_the_scaled_long_context_run():
+    """The README's lesson-14 command for results/long_context_scaled: its cost, from the committed records."""
+    import glob
+
+    recs = [json.loads(Path(f).read_text()) for f in sorted(glob.glob(str(ROOT / "results/long_context_scaled/*.json")))]
+    total = sum(r["eval_seconds"] + (r["retrained_seconds"] or 0) for r in recs if r["kind"] == "readings")
+    assert len(recs) == 3 and round(total / 60) == 36
+    assert "36 min on 2 shared cores" in (ROOT / "README.md").read_text(encoding="utf-8")
