@@ -381,6 +381,45 @@ def test_readme_quotes_the_short_gpu_run():
     assert f"reached about {share * 100:.0f} %" in text
 
 
+def test_readme_quotes_the_500_update_gpu_run():
+    """The README's figures of the 500-update gpu-profile run on an H200 come from results/wmt14-gpu-500."""
+    run = ROOT / "results" / "wmt14-gpu-500"
+    cal = json.loads((run / "calibration.json").read_text())
+    res = json.loads((run / "results.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    section = text.split("**A longer short run**", 1)[1].split("- **The data folder.**", 1)[0]
+    assert cal["hardware"]["gpu"] == "NVIDIA H200" and "the same H200, torch 2.11" in section
+    assert res["config"]["hardware"]["torch"].startswith("2.11") and res["config"]["hardware"]["precision"] == "bf16"
+    passed = re.search(r"(\d+) passed", (run / "cuda_tests.txt").read_text()).group(1)
+    assert "failed" not in (run / "cuda_tests.txt").read_text() and f"`tests/test_cuda.py`: {passed} passed" in section
+    s = [m["s_per_update"] for m in cal["schemes"].values()]
+    assert {m["concurrent"] for m in cal["schemes"].values()} == {3} and "three models at once" in section
+    assert f"timed {min(s):.2f}–{max(s):.2f} s per update per model" in section
+    assert cal["fits"][0]["max_steps"] == 500 and cal["fits"][0]["warmup"] == 125 and cal["budget_min"] == 7
+    assert "fitted 500 updates (warmup 125) to the seven minutes" in section
+    m = {pe: r["0"] for pe, r in res["models"].items()}
+    assert set(m) == {"none", "sinusoidal", "shaw", "rope"} and {r["updates"] for r in m.values()} == {500}
+    three = [m[pe] for pe in ("none", "sinusoidal", "rope")]
+    walls = [r["wall_s"] for r in three]
+    assert f"500 updates took {min(walls):.0f}–{max(walls):.0f} s per model" in section
+    assert f"({min(walls) / 500:.2f}–{max(walls) / 500:.2f} s per update, Shaw alone {m['shaw']['wall_s'] / 500:.2f} s)" in section
+    tokens = {round(r["tok_per_s"] * r["wall_s"] / 1e6, 1) for r in m.values()}
+    assert len(tokens) == 1 and f"{tokens.pop()}M target tokens per model" in section
+    stamps = re.findall(r"^== (\d\d):(\d\d):(\d\d) (\S+)", (run / "pipeline.log").read_text(), re.M)
+    secs = {name: int(h) * 3600 + int(mi) * 60 + int(se) for h, mi, se, name in stamps[:5]}
+    assert f"the pipeline took {(secs['finished'] - secs['CUDA']) / 60:.1f} minutes from the CUDA tests" in section
+    b = {pe: r["tests"]["heldout"]["bleu"] for pe, r in m.items()}
+    assert all(f"`{pe}` {b[pe]:.1f}" in section for pe in b)
+    p = {(x["baseline"], x["system"]): x["bleu_p"] for x in res["paired_bootstrap"]["heldout"]}
+    assert all(p[("none", pe)] <= 0.001 for pe in ("sinusoidal", "shaw", "rope")) and "with p ≤ 0.001" in section
+    drop = [b[pe] - m[pe]["tests"]["heldout"]["shuffled_source"]["bleu"] for pe in ("sinusoidal", "shaw", "rope")]
+    assert f"{min(drop):.1f}–{max(drop):.1f} BLEU lower on shuffled sources" in section
+    assert m["none"]["tests"]["heldout"]["shuffled_source"]["bleu"] == b["none"]
+    news = [r["tests"]["newstest2014"]["bleu"] for r in m.values()]
+    assert f"newstest2014 BLEU {min(news):.1f}–{max(news):.1f}" in section
+    assert max(b, key=b.get) == "rope" and "RoPE learning fastest" in section
+
+
 def test_readme_quotes_the_fp32_training_time_of_the_nine_way_models():
     """The README's command comment: 80-105 min of training per model in fp32, measured on the seed-0 models of the
     nine-way run that trained in fp32."""

@@ -118,6 +118,8 @@ RESULT_COMMANDS = {
                             "results/long_context --jobs 2 --resume",
     "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "
                                    "0,1,2 --trials 100 --finetunes none --out results/long_context_scaled",
+    "results/sliding_window": "python -m posenc_lib.experiments.sliding_window --profile course --seeds 0,1,2 "
+                              "--models alibi,rope,nope --out results/sliding_window",
     "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra --out "
                                   "results/long_context_extra",
     "results/rope_variants": "python -m posenc_lib.experiments.rope_variants --profile course --seeds 0,1,2 --out "
@@ -134,6 +136,11 @@ RESULT_COMMANDS = {
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume",
     "results/wmt14-gpu-short": "SOURCE=files SEEDS=0 RUN_DIR=results/wmt14-gpu-short bash scripts/gpu_finale.sh start 4 "
                                "(on one H200 GPU; the calibration fits max_steps to the 4-minute budget)",
+    "results/wmt14-gpu-500": "SOURCE=files SEEDS=0 PES=none,sinusoidal,rope JOBS=3 RUN_DIR=results/wmt14-gpu-500 bash "
+                             "scripts/gpu_finale.sh start 7 (on one H200 GPU; the calibration fits 500 updates to the "
+                             "7-minute budget), then shaw with: python -m posenc_lib.experiments.wmt14 --profile gpu "
+                             "--pe none,sinusoidal,shaw,rope --seeds 0 --source files --out results/wmt14-gpu-500 "
+                             "--jobs 3 --resume --set max_steps=500 --set warmup=125",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
     "benchmarks/results/decode_profile.json": "python -m benchmarks.decode_profile --out benchmarks/results --overwrite",
     "benchmarks/results/train_speed.json": "python -m benchmarks.train_speed --out benchmarks/results/train_speed.json "
