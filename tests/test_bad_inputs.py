@@ -726,6 +726,7 @@ def _file_system_clis(tmp, monkeypatch):
     from posenc_lib.experiments import long_context_extra as extra
     from posenc_lib.experiments import long_context_scaled as lcs
     from posenc_lib.experiments import rope_variants as rv
+    from posenc_lib.experiments import sliding_window as sw
     from posenc_lib.experiments.wmt14 import main as wmt14_main
     from posenc_lib.experiments.wmt14.data import read_parallel
     from posenc_lib.utils import atomic_write_json
@@ -769,6 +770,8 @@ def _file_system_clis(tmp, monkeypatch):
     monkeypatch.setattr(extra, "run", extra_run)
     monkeypatch.setattr(lcs, "readings", lambda seed, cfg, out, ckpt, trials: atomic_write_json(
         lcs._path(out, "readings", seed), {"config": config_of(cfg), "trials": trials}) or "done")
+    monkeypatch.setattr(sw, "read_model", lambda name, seed, cfg, out, ckpt: atomic_write_json(
+        sw._path(out, name, seed), {"config": config_of(cfg)}) or "done")
     monkeypatch.setattr(br, "bench_train", lambda schemes, cfg, quiet: {"lengths": {}})
     monkeypatch.setattr(br, "write_report", lambda out: (out / "table.md").write_text("report\n"))
     monkeypatch.setattr(bb.subprocess, "run", lambda cmd, **kw: Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True))
@@ -782,6 +785,7 @@ def _file_system_clis(tmp, monkeypatch):
         "long_context": (lc.main, ["--models", "nope", "--seeds", "0", "--no-finetune", "--ckpt", str(tmp / "ck")]),
         "long_context_extra": (extra.main, ["sinusoidal"]),
         "long_context_scaled": (lcs.main, ["--seeds", "0", "--finetunes", "none", "--ckpt", str(tmp / "ck")]),
+        "sliding_window": (sw.main, ["--models", "nope", "--seeds", "0", "--ckpt", str(tmp / "ck")]),
         "rope_variants": (rv.main, ["--models", "nope", "--seeds", "0"]),
         "cope_counting": (cc.main, ["--models", "none", "--seeds", "0"]),
         "inside": (ins.main, ["--models", "nope", "--seeds", "0"]),
@@ -793,7 +797,7 @@ def _file_system_clis(tmp, monkeypatch):
 from pathlib import Path  # noqa: E402 (used by the stubs above)
 
 FS_CLIS = ("wmt14", "make-data", "calibrate", "extrapolation", "long_context", "long_context_extra", "long_context_scaled",
-           "rope_variants", "cope_counting",
+           "sliding_window", "rope_variants", "cope_counting",
            "inside", "benchmarks", "book")
 
 

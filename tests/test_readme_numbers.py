@@ -438,3 +438,14 @@ def test_readme_quotes_the_scaled_long_context_run():
     total = sum(r["eval_seconds"] + (r["retrained_seconds"] or 0) for r in recs if r["kind"] == "readings")
     assert len(recs) == 3 and round(total / 60) == 36
     assert "36 min on 2 shared cores" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_quotes_the_sliding_window_run():
+    """The README's lesson-10 command for results/sliding_window: its cost, from the committed records."""
+    import glob
+
+    recs = [json.loads(Path(f).read_text()) for f in sorted(glob.glob(str(ROOT / "results/sliding_window/*.json")))]
+    total = sum(r["eval_seconds"] + (r["retrained_seconds"] or 0) for r in recs)
+    assert len(recs) == 9 and round(total / 60) == 19
+    assert "(weights from runs/longctx, retrained identically when missing; 19 min on 2 shared cores)" in (
+        ROOT / "README.md").read_text(encoding="utf-8")

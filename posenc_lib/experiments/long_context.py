@@ -339,6 +339,20 @@ def train_at_length(build, seed: int, cfg, *, at: Sequence[int] = (),
     return vocab, eval_ids, model, losses, time.perf_counter() - t0
 
 
+def weights(name: str, cfg: LongContextConfig, seed: int, ckpt, vocab_size: int) -> tuple[CausalLM, float | None]:
+    """The pre-trained model ``name`` of ``seed`` and the seconds it took to train (``None`` if loaded): loaded
+    from ``ckpt``, or trained again (same seed, same data: the same weights as :func:`pretrain` makes) and saved
+    there for the next reader."""
+    path = ckpt_path(ckpt, cfg, name, seed)
+    if path.exists():
+        model = make_model(name, cfg, vocab_size)
+        model.load_state_dict(load_weights(path, advice=f"delete it: the next run trains {name} seed {seed} again"))
+        return model, None
+    _vocab, _ev, model, _losses, seconds = train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
+    atomic_torch_save(model.state_dict(), path)
+    return model, seconds
+
+
 def pretrain(name: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
     """Train one model at ``train_len``, evaluate its zero-shot methods, save weights and results."""
     vocab, eval_ids, model, losses, seconds = train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)

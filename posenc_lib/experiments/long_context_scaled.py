@@ -51,8 +51,7 @@ from typing import Sequence
 
 import torch
 
-from ..utils import (CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, load_weights, read_json,
-                     set_seed)
+from ..utils import CliParser, FolderLock, WorkerPool, atomic_write_json, read_json, set_seed
 from . import long_context as lc
 
 SCHEMA = "posenc.longctx-scaled/1"
@@ -171,19 +170,6 @@ def measure(model, cfg, vocab, eval_ids, eval_text, trials: int, seed: int, meth
 
 
 # -- the jobs -------------------------------------------------------------------------------------
-def _weights(cfg, seed: int, ckpt, vocab_size: int):
-    """The pre-trained RoPE model of ``seed``: loaded from ``ckpt``, or trained again (same seed, same
-    data: the same weights as long_context's run) and saved there."""
-    path = lc.ckpt_path(ckpt, cfg, "rope", seed)
-    if path.exists():
-        model = lc.make_model("rope", cfg, vocab_size)
-        model.load_state_dict(load_weights(path, advice=f"delete it: the next run trains rope seed {seed} again"))
-        return model, None
-    _vocab, _ev, model, _losses, seconds = lc.train_at_length(lambda v: lc.make_model("rope", cfg, v), seed, cfg)
-    atomic_torch_save(model.state_dict(), path)
-    return model, seconds
-
-
 def _eval_text(cfg) -> str:
     return lc.load_text(cfg)[1]
 
@@ -193,7 +179,7 @@ def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> st
     torch.set_num_threads(cfg.threads)
     vocab, _train_ids, eval_ids = lc.data(cfg)
     eval_text = _eval_text(cfg)
-    model, seconds = _weights(cfg, seed, ckpt, len(vocab))
+    model, seconds = lc.weights("rope", cfg, seed, ckpt, len(vocab))
     t0 = time.perf_counter()
     L = cfg.train_len
     matched = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: max(1.0, n / L))
@@ -214,7 +200,7 @@ def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt,
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = lc.data(cfg)
     eval_text = _eval_text(cfg)
-    model, _ = _weights(cfg, seed, ckpt, len(vocab))
+    model, _ = lc.weights("rope", cfg, seed, ckpt, len(vocab))
     read_with(model, cfg, method, cfg.factor)
     set_seed(seed)
     curve = []
@@ -298,7 +284,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trial
 def _train_only(seed: int, cfg, ckpt) -> str:
     vocab, _, _ = lc.data(cfg)
     torch.set_num_threads(cfg.threads)
-    _, seconds = _weights(cfg, seed, ckpt, len(vocab))
+    _, seconds = lc.weights("rope", cfg, seed, ckpt, len(vocab))
     return f"trained rope seed {seed} again ({seconds:.0f} s)" if seconds else f"rope seed {seed}: weights found"
 
 
