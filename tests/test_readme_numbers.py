@@ -436,8 +436,12 @@ def test_readme_quotes_the_scaled_long_context_run():
 
     recs = [json.loads(Path(f).read_text()) for f in sorted(glob.glob(str(ROOT / "results/long_context_scaled/*.json")))]
     total = sum(r["eval_seconds"] + (r["retrained_seconds"] or 0) for r in recs if r["kind"] == "readings")
-    assert len(recs) == 3 and round(total / 60) == 36
+    assert sum(r["kind"] == "readings" for r in recs) == 3 and round(total / 60) == 36
     assert "36 min on 2 shared cores" in (ROOT / "README.md").read_text(encoding="utf-8")
+    fts = [r for r in recs if r["kind"] == "finetune"]
+    assert len(fts) == 9 and {r["method"] for r in fts} == {"linear", "ntk", "yarn"}
+    assert {tuple(r["points"]) for r in fts} == {(0, 25, 100, 400)}
+    assert f"({round(sum(r['seconds'] for r in fts) / 60)} min more)" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_readme_quotes_the_sliding_window_run():

@@ -117,7 +117,7 @@ RESULT_COMMANDS = {
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
     "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "
-                                   "0,1,2 --trials 100 --finetunes none --out results/long_context_scaled",
+                                   "0,1,2 --trials 100 --out results/long_context_scaled",
     "results/sliding_window": "python -m posenc_lib.experiments.sliding_window --profile course --seeds 0,1,2 "
                               "--models alibi,rope,nope --out results/sliding_window",
     "results/long_context_extra": "python -m posenc_lib.experiments.long_context_extra --out "

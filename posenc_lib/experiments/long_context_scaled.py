@@ -33,6 +33,8 @@ they are missing.
 
 Cost of the committed ``course`` readings (3 seeds, 100 passkey windows per length, no fine-tunes): 36 minutes
 on 2 cores shared with a training run, two of the three models trained again on the way (410-510 s each).
+The fine-tune curves (linear, ntk, yarn; 3 seeds, 400 updates each, measured at ``FT_POINTS``): 16 minutes more,
+75-120 s per curve, one at a time on 2 shared cores.
 
 Command line::
 
