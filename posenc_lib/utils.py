@@ -460,7 +460,9 @@ class WorkerPool:
     (a terminal sends it to the whole process group): the parent gets ``KeyboardInterrupt``, and
     leaving the block with any exception cancels the calls not started and stops the running workers
     (SIGTERM), so none goes on writing results after the command has returned.  What finished is kept
-    (results are written atomically, one file per call).  A normal exit waits for every call.
+    (results are written atomically, one file per call).  A normal exit waits for every call.  A SIGTERM
+    sent to the parent alone (``kill PID``) stops the workers the same way and ends the command with status
+    143; without it, the spawned workers went on training after their parent had gone.
     """
 
     def __init__(self, jobs: int):
@@ -486,13 +488,30 @@ class WorkerPool:
                 p.kill()
 
     def __enter__(self) -> "WorkerPool":
+        import signal
+        import threading
+
+        self._old_sigterm = None
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            self._old_sigterm = signal.signal(signal.SIGTERM, _parent_sigterm)
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.pool.shutdown(wait=True)
-        else:
-            self.stop()
+        import signal
+
+        try:
+            if exc_type is None:
+                self.pool.shutdown(wait=True)
+            else:
+                self.stop()
+        finally:
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
+
+
+def _parent_sigterm(signum, _frame) -> None:
+    """SIGTERM to a :class:`WorkerPool`'s parent: leave the ``with`` block (which stops the workers), exit 143."""
+    raise SystemExit(128 + signum)
 
 
 def read_lines_exact(path: str | os.PathLike) -> list[str]:

@@ -969,3 +969,59 @@ def test_decode_profile_keeps_the_decode_batch_it_is_given(tmp_path, monkeypatch
         assert seen == [batch] and doc["config"]["decode_batch"] == batch, (argv, seen)
     code, lines = run_cli(dp.main, ["--quick", "--decode-batch", "0", "--out", str(tmp_path / "bad")])
     assert code == 2 and len(lines) == 1 and "decode_batch" in lines[0], lines
+
+
+_POOL_SCRIPT = '''
+import os, sys, time
+from pathlib import Path
+from posenc_lib.utils import WorkerPool
+
+
+def work(folder, i):
+    Path(folder, f"worker{i}.pid").write_text(str(os.getpid()))
+    while True:  # a long training run
+        time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    with WorkerPool(2) as pool:
+        futures = [pool.submit(work, sys.argv[1], i) for i in range(2)]
+        for f in futures:
+            f.result()
+'''
+
+
+def test_sigterm_to_the_parent_alone_stops_the_pool_workers(tmp_path):
+    """`kill PID` of a `--jobs N` run (SIGTERM to the parent only, not its group) left the spawned workers training."""
+    script = tmp_path / "pool.py"
+    script.write_text(_POOL_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=ROOT, env={**ENV, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pidfiles = [tmp_path / f"worker{i}.pid" for i in range(2)]
+        deadline = time.time() + 120
+        while not all(p.is_file() and p.read_text() for p in pidfiles):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        workers = [int(p.read_text()) for p in pidfiles]
+        os.kill(proc.pid, signal.SIGTERM)  # the parent only
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err[-2000:]
+        deadline = time.time() + 30
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie (ended, not yet reaped) counts as gone
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return False
+    return True
