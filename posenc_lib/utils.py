@@ -246,6 +246,24 @@ def table_bias(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.embedding(index, table.float()).permute(2, 0, 1)[None]
 
 
+def toeplitz_bias(values: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """A score bias that depends only on ``j - i``, from one row per offset: ``(q_len + k_len - 1, heads)``
+    ``values`` -> ``(1, heads, q_len, k_len)`` float32, ``bias[0, h, i, j] = values[j - i + q_len - 1, h]``.
+
+    Same values as :func:`table_bias` with ``index[i, j] = j - i + q_len - 1``, built as overlapping windows
+    of one vector (``unfold``), so the gradient sums along each diagonal in one pass instead of through an
+    index of ``q_len * k_len`` rows (the embedding backward of :func:`table_bias` sorts them)."""
+    if values.shape[0] != q_len + k_len - 1:
+        raise ValueError(f"values must have q_len + k_len - 1 = {q_len + k_len - 1} rows, got {values.shape[0]}")
+    return values.float().t().contiguous().unfold(-1, k_len, 1).flip(-2).contiguous()[None]
+
+
+def consecutive(pos: torch.Tensor) -> bool:
+    """True when the 1-d host tensor ``pos`` is ``start, start + 1, ...`` (positions of one unbroken window)."""
+    n = pos.numel()
+    return n > 0 and int(pos[-1]) - int(pos[0]) == n - 1 and (n == 1 or bool((pos.diff() == 1).all()))
+
+
 # -- the write policy: nothing a user has is destroyed ----------------------------------------------
 #: the lock file a command keeps in a folder while it writes there (see :class:`FolderLock`)
 LOCK_NAME = ".posenc-lock"

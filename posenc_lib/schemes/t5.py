@@ -27,8 +27,14 @@ import math
 import torch
 from torch import nn
 
-from ..attention.layer import PositionScheme
-from ..utils import check_positive_int, relative_positions
+from ..attention.layer import PositionScheme, on_host
+from ..utils import check_positive_int, consecutive, relative_positions, toeplitz_bias
+
+#: a bias of at least this many elements (heads x queries x keys) over consecutive positions is laid out
+#: from one value per offset (see :meth:`T5Bias.compute_bias`): at L = 1024 and 8 heads the embedding
+#: backward over every (query, key) pair took 0.3 s of a 1.7 s training step (batch 1, 2 threads).  Smaller
+#: biases (the course's small models) are built as before, so their training is unchanged bit for bit.
+TOEPLITZ_MIN_ELEMENTS: int | None = 2**20
 
 
 def t5_relative_bucket(
@@ -92,7 +98,21 @@ class T5Bias(PositionScheme):
         )
 
     def compute_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """``(1, heads, q_len, k_len)`` float32 bias (whatever the parameters' dtype)."""
+        """``(1, heads, q_len, k_len)`` float32 bias (whatever the parameters' dtype).
+
+        Large windows of consecutive positions on the host (at least :data:`TOEPLITZ_MIN_ELEMENTS` bias
+        elements) look up one bucket per offset ``j - i`` and lay the values out along the diagonals
+        (:func:`~posenc_lib.utils.toeplitz_bias`): the same bias, with a gradient summed per diagonal instead
+        of over ``q_len * k_len`` lookups."""
+        q_len, k_len = q_pos.numel(), k_pos.numel()
+        if (
+            TOEPLITZ_MIN_ELEMENTS is not None and self.n_heads * q_len * k_len >= TOEPLITZ_MIN_ELEMENTS
+            and on_host(q_pos) and consecutive(q_pos) and consecutive(k_pos)
+        ):  # fmt: skip
+            first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
+            offsets = torch.arange(first, first + q_len + k_len - 1, device=q_pos.device)
+            buckets = t5_relative_bucket(offsets, not self.causal, self.num_buckets, self.max_distance)
+            return toeplitz_bias(self.relative_attention_bias(buckets), q_len, k_len)
         return self.relative_attention_bias(self.buckets(q_pos, k_pos)).float().permute(2, 0, 1)[None]
 
     def prepare(self, q_pos, k_pos):
