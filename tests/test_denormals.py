@@ -1,6 +1,8 @@
 """Denormal floats flushed where they cost (posenc_lib.attention.cpu_flash.flush_denormals), and T5's bias laid
 out along its diagonals (posenc_lib.utils.toeplitz_bias) for long windows: the same function and gradients as
 before, the mode restored afterwards, and the course's small calls left bit for bit as they were."""
+import os
+
 import pytest
 import torch
 
@@ -161,3 +163,30 @@ def test_t5_keeps_the_lookup_for_small_biases_and_scattered_positions(monkeypatc
     scheme.compute_bias(pos, pos)
     monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
     scheme.compute_bias(torch.tensor([0, 2, 5]), pos)
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@needs_mode
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or cpu_flash._gomp_parallel() is None,
+                    reason="needs torch's OpenMP workers (2 cores or more)")
+def test_the_mode_reaches_torchs_worker_threads(two_threads):
+    """An elementwise product of 2**22 denormals is split over torch's threads: inside the block every part
+    is flushed (the workers too, whose mode torch.set_flush_denormal alone leaves as it was), after it none."""
+    x = torch.full((2**22,), 2.0**-130)
+    x * 1.0  # the workers exist before the mode is set
+    torch.set_flush_denormal(True)  # the calling thread only: a worker's part stays denormal
+    try:
+        partial = x * 1.0
+    finally:
+        torch.set_flush_denormal(False)
+    assert (partial > 0).any() and (partial == 0).any()
+    with cpu_flash.flush_denormals():
+        assert ((x * 1.0) == 0).all()
+    assert ((x * 1.0) > 0).all()
