@@ -469,3 +469,40 @@ def test_readme_nine_way_sentence_matches_results():
     section = " ".join(_wmt14_section().split())
     assert (f"ALiBi behind every other position-aware scheme (p ≤ 0.001), its shuffled-source BLEU "
             f"{drop(models['alibi']['0']):.1f} lower where the others lose {min(drops):.1f}–{max(drops):.1f}") in section
+
+
+def test_readme_batch_axis_paragraph_matches_its_run():
+    """The README's "Across batch sizes" paragraph quotes benchmarks/results/batches/ (and the main run at batch 16)."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Across batch sizes**", 1)[1].split("**", 1)[0]
+    folder = RESULTS / "batches"
+    train = json.loads((folder / "train_batches.json").read_text())["results"]["batches"]
+    memory = json.loads((folder / "memory_batches.json").read_text())["results"]["batches"]
+    decode = json.loads((folder / "decode.json").read_text())["results"]["schemes"]
+    main = json.loads((RESULTS / "train.json").read_text())["results"]["lengths"]["1024"]
+    goals = {"t5": 1.3, "alibi": 1.3, "shaw": 1.6, "deberta": 1.8, "xlnet": 2.0}
+    assert sorted(train, key=int) == ["1", "2", "8", "16"]
+    r = lambda pe, L, b: train[b]["lengths"][L][pe]["ratio"]  # noqa: E731
+    held = {pe: sum(r(pe, L, b) <= g for b in train for L in ("512", "1024")) for pe, g in goals.items()}
+    assert held == {"alibi": 7, "shaw": 4, "xlnet": 4, "t5": 2, "deberta": 2}
+    assert "the time goal held at 7 for alibi" in para and "4 for shaw" in para and "4 for xlnet, 2 for t5 and 2 for deberta" in para
+    span = lambda pe, L: f"{min(r(pe, L, b) for b in train):.2f}–{max(r(pe, L, b) for b in train):.2f}"  # noqa: E731
+    assert f"alibi ({span('alibi', '512')} at L = 512, {span('alibi', '1024')} at 1024)" in para
+    assert f"shaw ({span('shaw', '512')} at 512, {span('shaw', '1024')} at 1024)" in para
+    t5 = [r("t5", "1024", b) for b in ("1", "2", "8", "16")]
+    assert t5 == sorted(t5, reverse=True) and f"({t5[0]:.2f} at batch 1, {t5[-1]:.2f} at 16)" in para
+    here = ", ".join(f"{pe} {r(pe, '1024', '16'):.2f}" for pe in ("t5", "alibi", "shaw", "xlnet", "deberta"))
+    there = ", ".join(f"{main[pe]['ratio']:.2f}" for pe in ("t5", "alibi", "shaw", "xlnet", "deberta"))
+    assert f"measured {here}, where the AMD EPYC of the main run measured {there}" in para
+    assert "Intel" in json.loads((folder / "train_batches.json").read_text())["machine"]["cpu_model"]
+    assert "AMD EPYC" in json.loads((RESULTS / "train.json").read_text())["machine"]["cpu_model"]
+    over = {(pe, L, b): s["ratio_peak"] for b, v in memory.items() for L, w in v["lengths"].items()
+            for pe, s in w["schemes"].items() if pe in goals and s["ratio_peak"] > 1.3}
+    assert set(over) == {(pe, "512", "2") for pe in ("shaw", "xlnet", "deberta")}
+    assert f"({min(over.values()):.2f}–{max(over.values()):.2f}×, a call of 2^22" in para
+    speed = [s["speedup"] for s in decode.values()]
+    main_speed = [s["speedup"] for s in json.loads((RESULTS / "decode.json").read_text())["results"]["schemes"].values()]
+    assert f"gives {min(speed):.1f}–{max(speed):.1f}× on this machine ({min(main_speed):.1f}–{max(main_speed):.1f}× on the AMD one)" in para
+    assert max(speed) < 5
+    minutes = sum(json.loads((folder / f).read_text())["wall_s"] for f in ("train_batches.json", "memory_batches.json")) / 60
+    assert f", {round(minutes)} min, then" in para

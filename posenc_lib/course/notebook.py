@@ -142,6 +142,10 @@ RESULT_COMMANDS = {
                              "--pe none,sinusoidal,shaw,rope --seeds 0 --source files --out results/wmt14-gpu-500 "
                              "--jobs 3 --resume --set max_steps=500 --set warmup=125",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
+    "benchmarks/results/batches": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,deberta "
+                                  "--lengths 512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/batches, "
+                                  "then python -m benchmarks.run --only decode --decode-batch 8 --decode-repeats 3 "
+                                  "--out benchmarks/results/batches",
     "benchmarks/results/decode_profile.json": "python -m benchmarks.decode_profile --out benchmarks/results --overwrite",
     "benchmarks/results/train_speed.json": "python -m benchmarks.train_speed --out benchmarks/results/train_speed.json "
                                            "--overwrite",
