@@ -394,14 +394,34 @@ def _ppl_line(evals: dict) -> str:
     return "; ".join(f"{m}: " + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in rows) for m, rows in evals.items())
 
 
-def _done(path: Path, cfg: LongContextConfig) -> bool:
+def finished(path: Path, cfg: LongContextConfig, **settings) -> bool:
+    """True when ``path`` holds a finished record made with ``cfg`` (and the record fields ``settings``, e.g.
+    ``trials=200``), False when it does not exist; a record made with other settings is a ``ValueError`` naming
+    them, never taken for this run's.  Shared by long_context, long_context_scaled and sliding_window."""
     if not path.exists():
         return False
     rec = read_json(path)
-    if rec.get("config") != json.loads(json.dumps(asdict(cfg))):
-        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}, now "
-                         f"{cfg.name!r}); pass another --out folder, or the settings it was made with")  # fmt: skip
+    if rec.get("config") != json.loads(json.dumps(asdict(cfg))) or any(rec.get(k) != v for k, v in settings.items()):
+        theirs = "".join(f", {k} {rec.get(k)!r}" for k in settings)
+        mine = "".join(f", {k} {v!r}" for k, v in settings.items())
+        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}{theirs}, now "
+                         f"{cfg.name!r}{mine}); pass another --out folder, or the settings it was made with")  # fmt: skip
     return True
+
+
+def load_records(out, schema: str, fields: Sequence[str] = ()) -> list[dict]:
+    """Every ``*_seed*.json`` record in the folder ``out``; one not of ``schema`` or without ``fields`` is a
+    ``ValueError`` (a missing folder a ``FileNotFoundError``)."""
+    out = Path(out)
+    if not out.is_dir():
+        raise FileNotFoundError(f"no results folder {out}")
+    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
+    for path, r in zip(sorted(out.glob("*_seed*.json")), recs):
+        missing = sorted(set(fields) - set(r))
+        if missing or r.get("schema") != schema:
+            raise ValueError(f"{path} is not a {schema} record (schema {r.get('schema')!r}, missing {missing})")
+    return recs
+
 
 
 def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: Sequence[str] | None = None,
@@ -421,12 +441,12 @@ def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: S
 
 
 def _run_locked(cfg: LongContextConfig, seeds, out, ckpt, *, names, finetunes, jobs, log) -> None:
-    phase1 = [(pretrain, (n, s, cfg, out, ckpt)) for n in names for s in seeds if not _done(result_path(out, n, s), cfg)]
+    phase1 = [(pretrain, (n, s, cfg, out, ckpt)) for n in names for s in seeds if not finished(result_path(out, n, s), cfg)]
     phase2 = [(finetune, (n, m, s, cfg, out, ckpt)) for n, m in finetunes for s in seeds
-              if not _done(result_path(out, n, s, m), cfg)]  # fmt: skip
+              if not finished(result_path(out, n, s, m), cfg)]  # fmt: skip
     for n, _m in finetunes:  # a fine-tune needs its pre-trained weights: redo the model if they are gone
         for s in seeds:
-            if _done(result_path(out, n, s), cfg) and not ckpt_path(ckpt, cfg, n, s).exists() and any(
+            if finished(result_path(out, n, s), cfg) and not ckpt_path(ckpt, cfg, n, s).exists() and any(
                     a[:3] == (n, _m, s) for _, a in phase2):  # fmt: skip
                 log(f"weights of {n} seed {s} missing in {ckpt}: training it again")
                 # its result file stays until the new one replaces it (an interrupt keeps it)
@@ -450,15 +470,7 @@ def _run_locked(cfg: LongContextConfig, seeds, out, ckpt, *, names, finetunes, j
 # -- reading results ------------------------------------------------------------------------------
 def load_results(out) -> list[dict]:
     """Every result record in ``out``, checked."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for r in recs:
-        missing = {"schema", "kind", "model", "seed", "config", "eval"} - set(r)
-        if missing or r["schema"] != SCHEMA:
-            raise ValueError(f"not a {SCHEMA} record (missing {sorted(missing)})")
-    return recs
+    return load_records(out, SCHEMA, ("schema", "kind", "model", "seed", "config", "eval"))
 
 
 def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, str, str], dict]:

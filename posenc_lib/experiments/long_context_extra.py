@@ -39,7 +39,7 @@ def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     """Train and evaluate one model; ``out/PE_seedSEED.json`` (skipped if it exists with this configuration;
     a file made with another one is refused, not taken for this one)."""
     path = Path(out) / f"{pe}_seed{seed}.json"
-    if longctx._done(path, cfg):
+    if longctx.finished(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = longctx.data(cfg)
@@ -77,7 +77,7 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     ``out`` (0 when training is reproduced exactly; None without that file), and both evaluations.
     """
     path = Path(out) / f"t5_ablation_seed{seed}.json"
-    if longctx._done(path, cfg):
+    if longctx.finished(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = longctx.data(cfg)

@@ -44,7 +44,6 @@ Command line::
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict
@@ -53,7 +52,7 @@ from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, FolderLock, WorkerPool, atomic_write_json, read_json, set_seed
+from ..utils import CliParser, FolderLock, WorkerPool, atomic_write_json, set_seed
 from . import long_context as lc
 
 SCHEMA = "posenc.longctx-scaled/1"
@@ -241,17 +240,6 @@ def _path(out, stem: str, seed: int) -> Path:
     return Path(out) / f"{stem}_seed{seed}.json"
 
 
-def _done(path: Path, cfg: lc.LongContextConfig, trials: int) -> bool:
-    if not path.exists():
-        return False
-    rec = read_json(path)
-    if rec.get("config") != json.loads(json.dumps(asdict(cfg))) or rec.get("trials") != trials:
-        raise ValueError(f"{path} was made with other settings (profile {rec.get('profile')!r}, "
-                         f"{rec.get('trials')} passkey trials; now {cfg.name!r}, {trials}); pass another --out "
-                         "folder, or the settings it was made with")  # fmt: skip
-    return True
-
-
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trials: int = 200,
             finetunes: Sequence[str] = FINETUNED, jobs: int = 1, log=print) -> None:  # fmt: skip
     """The readings of every seed, then the fine-tune curves; finished files are skipped."""
@@ -262,9 +250,9 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trial
     with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
         # weights first, one process per seed, so that two jobs never train the same model
         first = [(readings, (s, cfg, out, ckpt, trials)) for s in seeds
-                 if not _done(_path(out, "readings", s), cfg, trials)]  # fmt: skip
+                 if not lc.finished(_path(out, "readings", s), cfg, trials=trials)]  # fmt: skip
         then = [(finetune_curve, (m, s, cfg, out, ckpt, trials)) for m in finetunes for s in seeds
-                if not _done(_path(out, f"ft-{m}", s), cfg, trials)]  # fmt: skip
+                if not lc.finished(_path(out, f"ft-{m}", s), cfg, trials=trials)]  # fmt: skip
         for s in seeds:  # a fine-tune whose weights are missing waits for its readings to train them
             if not lc.ckpt_path(ckpt, cfg, "rope", s).exists() and not any(a[0] == s for _, a in first):
                 first.append((_train_only, (s, cfg, ckpt)))
@@ -292,14 +280,7 @@ def _train_only(seed: int, cfg, ckpt) -> str:
 
 def load_results(out) -> list[dict]:
     """Every record in ``out``, checked."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for r in recs:
-        if r.get("schema") != SCHEMA:
-            raise ValueError(f"not a {SCHEMA} record: {r.get('schema')!r}")
-    return recs
+    return lc.load_records(out, SCHEMA)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,7 +111,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, *, names: Sequ
     seeds = list(dict.fromkeys(int(s) for s in seeds))  # a model or seed named twice is trained once
     names = list(dict.fromkeys(models(cfg) if names is None else names))
     with FolderLock(out, what="--out folder", log=log):
-        todo = [(n, s) for n in names for s in seeds if not lc._done(lc.result_path(out, n, s), cfg)]
+        todo = [(n, s) for n in names for s in seeds if not lc.finished(lc.result_path(out, n, s), cfg)]
         if len(todo) < len(names) * len(seeds):
             log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
         if jobs == 1:

@@ -29,7 +29,6 @@ Command line::
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -40,7 +39,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..utils import CliParser, FolderLock, atomic_write_json, read_json
+from ..utils import CliParser, FolderLock, atomic_write_json
 from . import long_context as lc
 
 SCHEMA = "posenc.sliding-window/1"
@@ -104,16 +103,6 @@ def _path(out, name: str, seed: int) -> Path:
     return Path(out) / f"{name}_seed{seed}.json"
 
 
-def _done(path: Path, cfg: lc.LongContextConfig) -> bool:
-    if not path.exists():
-        return False
-    rec = read_json(path)
-    if rec.get("config") != json.loads(json.dumps(asdict(cfg))):
-        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}, now "
-                         f"{cfg.name!r}); pass another --out folder, or the settings it was made with")  # fmt: skip
-    return True
-
-
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: Sequence[str] = MODELS,
             log=print) -> None:  # fmt: skip
     """Every (model, seed) not yet in ``out``, one after the other; ``out`` and ``ckpt`` locked meanwhile."""
@@ -123,7 +112,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names
     if bad:
         raise ValueError(f"unknown model(s) {bad}; valid choices: {', '.join(MODELS)}")
     with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
-        todo = [(m, s) for m in names for s in seeds if not _done(_path(out, m, s), cfg)]
+        todo = [(m, s) for m in names for s in seeds if not lc.finished(_path(out, m, s), cfg)]
         if len(todo) < len(names) * len(seeds):
             log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
         for m, s in todo:
@@ -132,14 +121,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names
 
 def load_results(out) -> list[dict]:
     """Every record in ``out``, checked."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for r in recs:
-        if r.get("schema") != SCHEMA:
-            raise ValueError(f"not a {SCHEMA} record: {r.get('schema')!r}")
-    return recs
+    return lc.load_records(out, SCHEMA)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
