@@ -104,7 +104,8 @@ FUSED_MIN_ELEMENTS: int | None = 2**23
 #: elements runs with denormal floats flushed to zero, in both passes (:func:`cpu_flash.flush_denormals`; the calls of
 #: :mod:`cpu_flash` always do).  Attention weights just above ``exp(-104)`` are denormal numbers, and arithmetic
 #: on them is tens of times slower on x86: ALiBi's distant keys fill that range, so its training step at
-#: L = 1024, batch 1 took 1.88 times ``none``'s, 1.30 with flushing (benchmark model, 2 threads).  Only values
+#: L = 1024 took 2.13 times ``none``'s at batch 1 and 1.61 at batch 2, 1.26 and 1.25 with flushing in every
+#: thread (benchmark model, 2 threads, interleaved in one process).  Only values
 #: below ``1.2e-38`` change.  Smaller calls (the course's small models) are left as they were, bit for bit, and
 #: so are calls without a bias (``none``, RoPE: no gain measured, 2-3% lost to the extra autograd function).
 #: ``None`` turns it off.
