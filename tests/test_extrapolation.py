@@ -274,7 +274,8 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
         ex.load_results(tmp_path / "missing")
     for argv, msg in ((["--pe", "sinusoidal,bogus"], "bogus"), (["--seeds", "0,x"], "integers"),
                       (["--profile", "huge"], "invalid choice"), (["--jobs", "0"], "--jobs"),
-                      (["--lr", "0"], "lr must be"), (["--lr", "nan"], "lr must be")):  # fmt: skip
+                      (["--lr", "0"], "lr must be"), (["--lr", "nan"], "lr must be"),
+                      (["--bias-lr-scale", "0"], "bias_lr_scale must be")):  # fmt: skip
         with pytest.raises(SystemExit):
             ex.main(argv + ["--out", str(tmp_path)])
         assert msg in capsys.readouterr().err
@@ -288,6 +289,9 @@ def test_lr_option_overrides_the_profile_and_keeps_the_rest(tmp_path, monkeypatc
     seen.clear()
     ex.main(["--profile", "course", "--pe", "none", "--out", str(tmp_path)])
     assert seen["cfg"] == ex.PROFILES["course"]
+    seen.clear()
+    ex.main(["--profile", "budget", "--bias-lr-scale", "10", "--pe", "t5", "--out", str(tmp_path)])
+    assert seen["cfg"] == replace(ex.PROFILES["budget"], bias_lr_scale=10.0)
 
 
 def test_every_scheme_builds_for_the_course_profile():
@@ -353,3 +357,65 @@ def test_heatmap_labels_do_not_overlap_at_the_lessons_size():
     clash = [(texts[a], texts[b]) for a in range(len(boxes)) for b in range(a + 1, len(boxes))
              if boxes[a].overlaps(boxes[b])]
     assert not clash, clash[:5]
+
+
+def test_per_length_mastery_judges_every_training_length_and_does_not_stop():
+    """The budget profile: each training length on its own set; the run goes on to its last update."""
+    easy = replace(TINY, task="copy", train_min_len=1, train_max_len=3, test_lengths=(3,), steps=160, batch_size=16,
+                   lr=1e-2, warmup=5, mastery=0.9, mastery_examples=30, stop_at_mastery=False, check_every=40,
+                   eval_examples=30, eval_batch_size=16)  # fmt: skip
+    model, _, info = ex.train("learned", easy, seed=0, progress=False)
+    assert info["steps"] == easy.steps  # never stops early
+    assert [s for s, _ in info["mastery_curve"]] == [40, 80, 120, 160]
+    by_len = info["mastery_by_length"]
+    assert set(by_len) == {"1", "2", "3"}
+    assert info["mastery_curve"][-1][1] == min(by_len.values())  # the curve follows the weakest length
+    # the same numbers, recomputed from the fixed per-length sets
+    batches = ex.mastery_batches(easy)
+    assert {n: b["lengths"].tolist() for n, b in batches.items()} == {n: [n] * 30 for n in (1, 2, 3)}
+    assert ex.mastery_by_length(model, easy, batches) == {int(k): v for k, v in by_len.items()}
+    assert info["mastered"] == (min(by_len.values()) >= 0.9)
+    first = info["first_mastered"]
+    assert first is None or next(s for s, v in info["mastery_curve"] if v >= 0.9) == first
+    # the per-length sets never overlap the test sets of the same length
+    assert not torch.equal(batches[3]["src"], ex.test_batch(easy, 3)["src"][:30])
+
+
+def test_budget_profile_treats_every_scheme_alike():
+    b = ex.PROFILES["budget"]
+    assert b.bias_lr_scale == 1.0 and not b.stop_at_mastery and b.mastery == 0.99 and b.mastery_examples >= 200
+    assert b.steps % b.check_every == 0  # the last update is a check
+    assert ex.param_groups(ex.make_model("t5", b), b)[1]["lr_scale"] == 1.0
+
+
+def test_position_accuracy_adds_up_to_token_accuracy():
+    """Per-position accuracy: n symbols then EOS; its mean over the symbols is the per-token accuracy."""
+    b = ex.make_batch(TINY, [3, 3], torch.Generator().manual_seed(0))
+    pred = torch.cat((torch.full((2, 1), ex.BOS), b["tgt_out"]), dim=1)
+    pred[0, 2] = ex.FIRST_SYMBOL + (pred[0, 2] - ex.FIRST_SYMBOL + 1) % TINY.n_symbols  # row 0 wrong at position 1
+    exact, token, right = ex.score(pred, b, positions=True)
+    assert right.tolist() == [2.0, 1.0, 2.0, 2.0] and token == pytest.approx(right[:3].sum().item() / 6)
+    with pytest.raises(ValueError, match="one length per batch"):
+        ex.score(pred, ex.make_batch(TINY, [2, 3], torch.Generator().manual_seed(0)), positions=True)
+    for arch in ex.ARCHS:
+        cfg = replace(TINY, arch=arch, steps=30)
+        model, _, _ = ex.train("rope", cfg, seed=0, progress=False)
+        for row in ex.evaluate(model, cfg):
+            n = row["length"]
+            assert len(row["position_accuracy"]) == len(row["tf_position_accuracy"]) == n + 1
+            assert sum(row["position_accuracy"][:n]) / n == pytest.approx(row["token_accuracy"], abs=1e-3)
+            assert sum(row["tf_position_accuracy"][:n]) / n == pytest.approx(row["tf_token_accuracy"], abs=1e-3)
+
+
+def test_records_made_before_a_field_existed_still_resume(tmp_path):
+    """A committed record without the later fields counts as made with their old defaults."""
+    out = tmp_path / "res"
+    ex.run_all(TINY, ["alibi"], [0], out, progress=False, log=lambda *_: None)
+    path = out / "alibi_seed0.json"
+    rec = json.loads(path.read_text())
+    for k in ex.ADDED_DEFAULTS:
+        del rec["config"][k]
+    path.write_text(json.dumps(rec))
+    assert ex.pending(TINY, ["alibi"], [0], out) == []
+    with pytest.raises(ValueError, match="different configuration"):
+        ex.pending(replace(TINY, stop_at_mastery=False), ["alibi"], [0], out)

@@ -36,7 +36,9 @@ symbols and the anchor): ``k = 8``, 16 T5 buckets, 8 DeBERTa buckets.
 Training runs until the model has mastered the training lengths (teacher-forced
 exact match >= ``mastery`` on a fixed set of training-length sequences, checked
 every ``check_every`` updates; teacher-forced exact match equals greedy exact
-match) or until ``steps``, a cap that is reported.  Score-bias tables (T5)
+match) or until ``steps``, a cap that is reported.  The ``budget`` profile instead gives every run
+the same ``steps`` on the full schedule and judges mastery per training length (200 sequences
+each), recording it along the way (``mastery_curve``, ``first_mastered``, ``mastery_by_length``).  Score-bias tables (T5)
 learn ``bias_lr_scale`` times faster than the rest.  Runs whose name ends in
 ``-rand`` train with randomized positions (Ruoss et al. 2023,
 arXiv:2305.16843): each batch reads its positions from a sorted random sample
@@ -44,7 +46,8 @@ of ``[0, random_positions_max)``, at training and at test time.
 
 Metrics per test length: *exact match* (the whole output, end token included,
 is right) and *per-token accuracy* (fraction of the ``n`` target positions
-predicted right; a short output counts its missing tokens as wrong).  A learned
+predicted right; a short output counts its missing tokens as wrong), both also per target
+position (``position_accuracy``; ``tf_`` for the teacher-forced ones).  A learned
 absolute table sized to the training length has no row for later positions:
 the model raises ``ValueError`` there, which is recorded as accuracy 0 with
 ``representable: false`` -- a failure shown, not hidden.
@@ -58,6 +61,9 @@ Command line::
     python -m posenc_lib.experiments.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
+    python -m posenc_lib.experiments.extrapolation --profile budget --arch decoder --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/decoder --jobs 2
+    python -m posenc_lib.experiments.extrapolation --profile budget --arch encdec --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/encdec --jobs 2
+    (the same with --task copy and --out results/extrapolation_budget/copy/ARCH for the second task)
 """
 from __future__ import annotations
 
@@ -108,6 +114,8 @@ def run_name(pe: str) -> str:
 FIRST_SYMBOL = 3
 TASKS = ("reverse", "copy")
 SCHEMA = "posenc.extrapolation/1"  # new fields (arch, mastery, ...) are additions: old files still load
+#: configuration fields added after results were committed, with the value older records were made with
+ADDED_DEFAULTS: dict[str, Any] = {"mastery_examples": 0, "stop_at_mastery": True}
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,8 @@ class ExtrapolationConfig:
     bias_lr_scale: float = 1.0  # learning-rate factor for score-bias tables (T5's): one scalar per bucket
     mastery: float = 0.0  # stop once teacher-forced exact match at training lengths >= this (0: fixed steps)
     check_every: int = 100  # updates between mastery checks
+    mastery_examples: int = 0  # > 0: judge every training length on its own set of this many sequences
+    stop_at_mastery: bool = True  # False: train all `steps` on the full schedule, record mastery along the way
     # -- evaluation ---------------------------------------------------------------------------
     eval_examples: int = 200  # test sequences per length (fixed, the same for every model)
     eval_batch_size: int = 200
@@ -153,8 +163,10 @@ class ExtrapolationConfig:
         check_choice("task", self.task, TASKS)
         check_choice("arch", self.arch, ARCHS)
         check_choice("table_sizes", self.table_sizes, TABLE_SIZES)
-        if not isinstance(self.anchored, bool):
-            raise TypeError(f"anchored must be True or False, got {self.anchored!r}")
+        for f in ("anchored", "stop_at_mastery"):
+            if not isinstance(getattr(self, f), bool):
+                raise TypeError(f"{f} must be True or False, got {getattr(self, f)!r}")
+        check_int_range("mastery_examples", self.mastery_examples, 0)
         for f in ("n_symbols", "train_min_len", "train_max_len", "d_model", "n_heads", "num_layers",
                   "dim_feedforward", "steps", "batch_size", "eval_examples", "eval_batch_size", "threads",
                   "check_every", "random_positions_max"):  # fmt: skip
@@ -232,10 +244,16 @@ SMOKE = ExtrapolationConfig(
 #: lengths) or 2000 updates, T5's bias table at 10x the learning rate, tables scaled to the training
 #: length, the source anchored by </s>.  Lesson 13 reads its results.
 COURSE = ExtrapolationConfig(name="course", steps=2000, mastery=0.99, bias_lr_scale=10.0)
+#: ``budget``: one fixed budget for every run (``steps`` updates on the full schedule, whatever the
+#: scheme), one learning-rate rule for every parameter (T5's bias table included), and mastery
+#: judged per training length on 200 sequences each (exact match >= 0.99 at every length 2..16),
+#: checked every 250 updates and recorded, not used to stop.
+BUDGET = ExtrapolationConfig(name="budget", steps=4000, mastery=0.99, mastery_examples=200, stop_at_mastery=False,
+                             check_every=250, bias_lr_scale=1.0)  # fmt: skip
 #: ``pilot``: the first version of the experiment (no anchor, library table sizes, 1200 updates with
 #: cosine decay for every run, one learning rate); its results are in results/extrapolation/.
 PILOT = ExtrapolationConfig(name="pilot", anchored=False, table_sizes="library", random_positions_max=256)
-PROFILES: dict[str, ExtrapolationConfig] = {"smoke": SMOKE, "course": COURSE, "pilot": PILOT}
+PROFILES: dict[str, ExtrapolationConfig] = {"smoke": SMOKE, "course": COURSE, "budget": BUDGET, "pilot": PILOT}
 
 
 # -- the task -------------------------------------------------------------------------------------
@@ -424,8 +442,42 @@ def mastery_batch(cfg: ExtrapolationConfig) -> dict[str, torch.Tensor]:
     return make_batch(cfg, lengths, torch.Generator().manual_seed(cfg.eval_seed + 7))
 
 
+def mastery_batches(cfg: ExtrapolationConfig) -> dict[int, dict[str, torch.Tensor]]:
+    """One fixed set of ``cfg.mastery_examples`` sequences per training length (per-length mastery).
+
+    Drawn from seeds the test sets never use (``eval_seed * 1000 + 500 + n``), so a model is
+    judged in range on sequences it is not tested on beyond it.
+    """
+    return {n: make_batch(cfg, [n] * cfg.mastery_examples, torch.Generator().manual_seed(cfg.eval_seed * 1000 + 500 + n))
+            for n in range(cfg.train_min_len, cfg.train_max_len + 1)}  # fmt: skip
+
+
+def mastery_by_length(model, cfg: ExtrapolationConfig, batches: dict[int, dict[str, torch.Tensor]]) -> dict[int, float]:
+    """Teacher-forced exact match (= greedy exact match) of every training length's own set."""
+    out = {}
+    for n, b in batches.items():
+        k, total = b["src"].shape[0], 0.0
+        for i in range(0, k, cfg.eval_batch_size):
+            part = {key: v[i : i + cfg.eval_batch_size] for key, v in b.items()}
+            total += teacher_forced(model, cfg, part)[0] * part["src"].shape[0]
+        out[n] = round(total / k, 4)
+    return out
+
+
+def _by_position(right: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Right predictions per target position, summed over the batch: ``(n + 1,)`` for ``n`` symbols and EOS.
+
+    Every row must have the same number of target positions (one test length per batch).
+    """
+    counts = real.sum(1)
+    if counts.numel() and not bool((counts == counts[0]).all()):
+        raise ValueError("per-position accuracy needs one length per batch; got rows with "
+                         f"{sorted(set(counts.tolist()))} target positions")  # fmt: skip
+    return right[real].view(real.shape[0], -1).float().sum(0)
+
+
 @torch.no_grad()
-def teacher_forced(model, cfg: ExtrapolationConfig, b: dict[str, torch.Tensor]) -> tuple[float, float]:
+def teacher_forced(model, cfg: ExtrapolationConfig, b: dict[str, torch.Tensor], *, positions: bool = False):
     """Teacher-forced exact match and per-token accuracy of batch ``b`` (target tokens and EOS).
 
     Exact match: the fraction of sequences whose every target token is the argmax given the
@@ -433,6 +485,9 @@ def teacher_forced(model, cfg: ExtrapolationConfig, b: dict[str, torch.Tensor]) 
     exactly the teacher-forced prefix, so it stays right to the end token iff every argmax is
     right.  Per-token accuracy here counts the target symbols predicted right *given the right
     prefix* (greedy per-token accuracy can only be lower: its errors compound).
+
+    ``positions=True`` (a batch of one length ``n``) also returns the number of sequences right
+    at each target position ``0 .. n`` (the last is EOS), given the right prefix.
     """
     was = model.training
     model.eval()
@@ -448,6 +503,8 @@ def teacher_forced(model, cfg: ExtrapolationConfig, b: dict[str, torch.Tensor]) 
     symbols = real & (labels != EOS)
     exact = (right | ~real).all(dim=1).float().mean().item()
     token = ((right & symbols).sum(1).float() / symbols.sum(1).clamp(min=1)).mean().item()
+    if positions:
+        return exact, token, _by_position(right, real)
     return exact, token
 
 
@@ -456,7 +513,11 @@ def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True
 
     ``losses``: the mean loss of every ``log_every`` steps; ``info``: ``steps`` run,
     ``mastered`` (None when ``cfg.mastery == 0``) and the teacher-forced exact match at the
-    training lengths of every check (``mastery_curve``: ``[step, value]`` pairs).
+    training lengths of every check (``mastery_curve``: ``[step, value]`` pairs).  With
+    ``cfg.mastery_examples > 0`` the value is the lowest of the per-length exact matches, and
+    ``info`` also holds ``mastery_by_length`` (``{length: exact match}`` at the last check) and
+    ``first_mastered`` (the first checked update at which every length reached ``cfg.mastery``,
+    or None).
     """
     from tqdm.auto import tqdm
 
@@ -467,6 +528,8 @@ def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True
     model.train()
     losses: list[float] = []
     info: dict[str, Any] = {"steps": 0, "mastered": None, "mastery_curve": []}
+    if cfg.mastery_examples:
+        info.update(mastery_by_length=None, first_mastered=None)
     bar = tqdm(range(cfg.steps), desc=f"{run_name(pe)} seed {seed}", disable=not progress, leave=False)
     with num_threads(cfg.threads):
         _train_loop(model, opt, cfg, g, bar, losses, log_every, info)
@@ -478,7 +541,7 @@ def train(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True
 
 def _train_loop(model, opt, cfg, g, bar, losses, log_every, info):
     window = []
-    check = mastery_batch(cfg) if cfg.mastery > 0 else None
+    check = (mastery_batches(cfg) if cfg.mastery_examples else mastery_batch(cfg)) if cfg.mastery > 0 else None
     check_g = torch.Generator().manual_seed(cfg.eval_seed + 11)
     for step in bar:
         for group in opt.param_groups:
@@ -498,17 +561,27 @@ def _train_loop(model, opt, cfg, g, bar, losses, log_every, info):
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
         if check is not None and ((step + 1) % cfg.check_every == 0 or step == cfg.steps - 1):
             sample_positions(model, cfg, cfg.max_sequence_length(cfg.train_max_len), check_g)
-            em = teacher_forced(model, cfg, check)[0]
+            if cfg.mastery_examples:
+                per_length = mastery_by_length(model, cfg, check)
+                em = min(per_length.values())
+                info["mastery_by_length"] = {str(n): v for n, v in per_length.items()}
+                if em >= cfg.mastery and info["first_mastered"] is None:
+                    info["first_mastered"] = step + 1
+            else:
+                em = teacher_forced(model, cfg, check)[0]
             info["mastery_curve"].append([step + 1, round(em, 4)])
             info["mastered"] = em >= cfg.mastery
-            if info["mastered"]:
+            if info["mastered"] and cfg.stop_at_mastery:
                 if window:
                     losses.append(sum(window) / len(window))
                 break
 
 
-def score(pred: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """Exact match and per-token accuracy of greedy outputs ``pred (B, <= T+1)`` (BOS first)."""
+def score(pred: torch.Tensor, batch: dict[str, torch.Tensor], *, positions: bool = False):
+    """Exact match and per-token accuracy of greedy outputs ``pred (B, <= T+1)`` (BOS first).
+
+    ``positions=True`` (a batch of one length) also returns the sequences right at each target position.
+    """
     out = pred[:, 1:]
     want = batch["tgt_out"]
     t = want.shape[1]
@@ -520,6 +593,8 @@ def score(pred: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[float, fl
     correct = out == want
     exact = (correct | ~real).all(dim=1).float().mean().item()
     token = ((correct & symbols).sum(1).float() / symbols.sum(1).clamp(min=1)).mean().item()
+    if positions:
+        return exact, token, _by_position(correct, real)
     return exact, token
 
 
@@ -541,36 +616,47 @@ def _evaluate_length(model, cfg: ExtrapolationConfig, n: int) -> dict:
     teacher-forced (:func:`teacher_forced`): the same exact match, at a fraction of the cost of
     uncached decoding; its ``token_accuracy`` is then the teacher-forced one.  Both report
     ``tf_token_accuracy``, the teacher-forced per-token accuracy, for a comparison across the two.
+    ``position_accuracy`` and ``tf_position_accuracy`` give the fraction of sequences right at
+    each of the ``n + 1`` target positions (the last is EOS): greedy (encoder-decoder) or
+    teacher-forced (decoder-only), and teacher-forced.
     """
     batch = test_batch(cfg, n)
     exact = token = tf_token = 0.0
+    pos = torch.zeros(n + 1)
+    tf_pos = torch.zeros(n + 1)
     representable = True
     try:
         sample_positions(model, cfg, cfg.max_sequence_length(n), torch.Generator().manual_seed(cfg.eval_seed + n))
         for i in range(0, cfg.eval_examples, cfg.eval_batch_size):
             part = {k: v[i : i + cfg.eval_batch_size] for k, v in batch.items()}
-            e_tf, t_tf = teacher_forced(model, cfg, part)
+            e_tf, t_tf, p_tf = teacher_forced(model, cfg, part, positions=True)
             if cfg.arch == "decoder":
-                e, t = e_tf, t_tf
+                e, t, p = e_tf, t_tf, p_tf
             else:
                 pred = greedy_decode(model, part["src"], max_new_tokens=n + 1, bos_id=BOS, eos_id=EOS, use_cache=True)
-                e, t = score(pred, part)
+                e, t, p = score(pred, part, positions=True)
+            pos += p
+            tf_pos += p_tf
             k = part["src"].shape[0]
             exact += e * k
             token += t * k
             tf_token += t_tf * k
         exact, token, tf_token = (v / cfg.eval_examples for v in (exact, token, tf_token))
+        pos, tf_pos = pos / cfg.eval_examples, tf_pos / cfg.eval_examples
     except ValueError as err:
         if "beyond the learned table" not in str(err):
             raise
         exact = token = tf_token = 0.0
+        pos, tf_pos = torch.zeros(n + 1), torch.zeros(n + 1)
         representable = False
     finally:
         for scheme in randomized_schemes(model):
             scheme.position_map = None
     return {"length": n, "exact_match": round(exact, 6), "token_accuracy": round(token, 6),
             "tf_token_accuracy": round(tf_token, 6), "representable": representable,
-            "in_training_range": n <= cfg.train_max_len}  # fmt: skip
+            "in_training_range": n <= cfg.train_max_len,
+            "position_accuracy": [round(v, 4) for v in pos.tolist()],
+            "tf_position_accuracy": [round(v, 4) for v in tf_pos.tolist()]}  # fmt: skip
 
 
 @torch.no_grad()
@@ -609,7 +695,8 @@ def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = Tr
         "table_options": cfg.table_options(VARIANTS.get(run_name(pe), (run_name(pe), {}))[0]),
         "train": {"steps": info["steps"], "loss_every_50_steps": [round(x, 5) for x in losses],
                   "final_loss": round(losses[-1], 5), "seconds": round(t1 - t0, 1),
-                  "mastered": info["mastered"], "mastery_curve": info["mastery_curve"]},  # fmt: skip
+                  "mastered": info["mastered"], "mastery_curve": info["mastery_curve"],
+                  **{k: info[k] for k in ("mastery_by_length", "first_mastered") if k in info}},  # fmt: skip
         "eval": rows,
         "token_accuracy_method": "teacher-forced" if cfg.arch == "decoder" else "greedy",
         "eval_seconds": round(t2 - t1, 1),
@@ -657,7 +744,10 @@ def pending(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
             path = result_path(out, pe, seed)
             if path.exists():
                 rec = read_json(path)
-                if rec.get("config") != want:
+                stored = rec.get("config")
+                if isinstance(stored, dict):  # fields added later read as their defaults in older records
+                    stored = {**{k: v for k, v in ADDED_DEFAULTS.items() if k in want}, **stored}
+                if stored != want:
                     raise ValueError(
                         f"{path} was made with a different configuration (profile {rec.get('profile')!r}, now "
                         f"{cfg.name!r}); pass another --out folder, or the settings it was made with"
@@ -818,14 +908,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--task", choices=TASKS, default=None, help="override the profile's task")
     p.add_argument("--unanchored", action="store_true", help="no </s> at the end of the source")
     p.add_argument("--lr", type=float, default=None, help="override the profile's peak learning rate (a sweep)")
+    p.add_argument("--bias-lr-scale", type=float, default=None,
+                   help="override the profile's learning-rate factor for score-bias tables (T5's)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     a = p.parse_args(argv)
     base = PROFILES[a.profile]
     try:
         cfg = replace(base, arch=a.arch, anchored=base.anchored and not a.unanchored, task=a.task or base.task,
-                      lr=base.lr if a.lr is None else a.lr)  # fmt: skip
+                      lr=base.lr if a.lr is None else a.lr,
+                      bias_lr_scale=base.bias_lr_scale if a.bias_lr_scale is None else a.bias_lr_scale)  # fmt: skip
     except (TypeError, ValueError) as err:
-        p.error(f"--lr: {err}")
+        p.error(f"--lr/--bias-lr-scale: {err}")
     try:
         pes = all_runs(cfg.arch) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
     except (TypeError, ValueError) as err:

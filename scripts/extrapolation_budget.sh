@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Lesson 13's budget runs: every scheme, both architectures, the reversal task and then the copy task,
+# seed by seed (0..4), so that a stopped run leaves whole seeds behind.  The two architectures train
+# side by side, one CPU thread each.  Finished models are skipped: run the script again to resume.
+#   bash scripts/extrapolation_budget.sh            # everything (about 7 hours on 2 cores)
+#   SEEDS="0 1 2" TASKS=reverse bash scripts/extrapolation_budget.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+SEEDS=${SEEDS:-"0 1 2 3 4"}
+TASKS=${TASKS:-"reverse copy"}
+ENCDEC=none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split
+DECODER=none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi
+chain() {  # arch, schemes
+  for task in $TASKS; do
+    for seed in $SEEDS; do
+      "$PY" -m posenc_lib.experiments.extrapolation --profile budget --task "$task" --arch "$1" --pe "$2" \
+        --seeds "$seed" --out "results/extrapolation_budget/$task/$1" --jobs 1 --no-progress
+    done
+  done
+}
+chain decoder "$DECODER" &
+dec=$!
+chain encdec "$ENCDEC" &
+enc=$!
+trap 'kill $dec $enc 2>/dev/null' INT TERM
+wait $dec; wait $enc
