@@ -467,8 +467,26 @@ def test_readme_nine_way_sentence_matches_results():
     drop = lambda r: r["tests"]["heldout"]["bleu"] - r["tests"]["heldout"]["shuffled_source"]["bleu"]  # noqa: E731
     drops = [drop(r) for pe in others for r in models[pe].values()]
     section = " ".join(_wmt14_section().split())
-    assert (f"ALiBi behind every other position-aware scheme (p ≤ 0.001), its shuffled-source BLEU "
-            f"{drop(models['alibi']['0']):.1f} lower where the others lose {min(drops):.1f}–{max(drops):.1f}") in section
+    alibi = [drop(models["alibi"][s]) for s in sorted(models["alibi"], key=int)]
+    assert len(alibi) == 2 and (f"ALiBi behind every other position-aware scheme in both its seeds (p ≤ 0.001), its "
+                                f"shuffled-source BLEU {alibi[0]:.1f} and {alibi[1]:.1f} lower where the others lose "
+                                f"{min(drops):.1f}–{max(drops):.1f}") in section
+    # seed 1 of T5 and ALiBi against seed 1 of the schemes it can be compared with (lesson 17's second cache)
+    boot1 = json.loads((WMT14 / "bootstrap_by_seed.heldout.second-seed.json").read_text())["seeds"]["1"]
+    p1 = {frozenset((r["baseline"], r["system"])): r["bleu_p"] for r in boot1}
+    assert all(p1[frozenset((pe, "alibi"))] <= 0.001 for pe in ("sinusoidal", "shaw", "rope", "t5"))
+    assert "T5's bias between sinusoidal and Shaw/RoPE (above sinusoidal and below Shaw in both its seeds, bootstrap p < 0.05)" in section
+    for pair in (("sinusoidal", "t5"), ("shaw", "t5")):
+        assert p[frozenset(pair)] < 0.05 and p1[frozenset(pair)] < 0.05
+    for s in ("0", "1"):
+        assert models["sinusoidal"][s]["tests"]["heldout"]["bleu"] < models["t5"][s]["tests"]["heldout"]["bleu"] < (
+            models["shaw"][s]["tests"]["heldout"]["bleu"])
+    # the precision sentence: exactly these models trained in fp32
+    fp32 = sorted((pe, int(s)) for pe, m in models.items() for s, r in m.items() if r["precision"] == "fp32")
+    assert fp32 == sorted([("shaw", 2), ("rope", 2), ("learned", 0), ("t5", 0), ("xlnet", 0), ("deberta", 0),
+                           ("alibi", 0), ("t5", 1), ("alibi", 1)])
+    assert ("bf16 autocast except seed 2 of Shaw and RoPE and every model of the other five schemes (seed 0 of "
+            "learned, T5, XLNet, DeBERTa and ALiBi, seed 1 of T5 and ALiBi)") in section
 
 
 def test_readme_batch_axis_paragraph_matches_its_run():

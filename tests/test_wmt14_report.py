@@ -12,6 +12,7 @@ from posenc_lib.utils import read_json
 
 RUN = Path(__file__).resolve().parents[1] / "results" / "wmt14-laptop"
 FOUR = ["none", "sinusoidal", "shaw", "rope"]
+SECOND_SEED = ["sinusoidal", "shaw", "rope", "t5", "alibi"]  # lesson 17: the two schemes with seed 1 beside three
 
 
 def test_interval95_matches_the_t_distribution():
@@ -49,6 +50,14 @@ def test_bootstrap_runs_for_every_seed_and_is_cached(tmp_path):
     (run / "rope-seed1" / "hyp.heldout.txt").write_text("x\n" * 2000)  # changed inputs: recomputed
     again = R.bootstrap_by_seed(run, n_samples=20, schemes=FOUR)
     assert again[1] != by_seed[1] and again[0] == by_seed[0]
+    # a tagged cache for another set of schemes sits beside the first and leaves it alone
+    before = (run / "bootstrap_by_seed.heldout.json").read_bytes()
+    two = R.bootstrap_by_seed(run, n_samples=20, schemes=["sinusoidal", "shaw"], tag="pair")
+    assert (run / "bootstrap_by_seed.heldout.pair.json").is_file()
+    assert (run / "bootstrap_by_seed.heldout.json").read_bytes() == before
+    assert all({(r["baseline"], r["system"]) for r in rows} == {("sinusoidal", "shaw")} for rows in two.values())
+    with pytest.raises(ValueError, match="tag must be"):
+        R.bootstrap_by_seed(run, n_samples=20, schemes=FOUR, tag="../x")
 
 
 def test_committed_bootstrap_cache_matches_the_committed_hypotheses(monkeypatch, tmp_path):
@@ -66,6 +75,9 @@ def test_committed_bootstrap_cache_matches_the_committed_hypotheses(monkeypatch,
     monkeypatch.setattr(R, "paired_bootstrap", lambda *a, **k: calls.append(1) or [])
     again = R.bootstrap_by_seed(run, "heldout", schemes=FOUR, cache=True)
     assert calls == [] and sorted(again) == seeds
+    # lesson 17's second cache: the schemes with a second seed of the nine-way run, beside the three it compares with
+    again = R.bootstrap_by_seed(run, "heldout", schemes=SECOND_SEED, cache=True, tag="second-seed")
+    assert calls == [] and 1 in again
 
 
 def test_within_training_length_keeps_the_short_sources():

@@ -114,6 +114,8 @@ RESULT_COMMANDS = {
                                              "ARCH --lr LR --pe none,learned-rand,sinusoidal-rand,rope-rand,alibi "
                                              "--seeds 0 --out results/extrapolation_course/lr_sweep/ARCH_lrLR for ARCH "
                                              "encdec (without alibi) and decoder, LR 1e-3 and 4e-3",
+    "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (the reversal and copy tasks, both "
+                                    "architectures, seeds 0-4; run it again to resume)",
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
     "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "
@@ -133,7 +135,9 @@ RESULT_COMMANDS = {
     "results/inside/timing.json": "python -m posenc_lib.experiments.inside --profile course --time-updates 20 "
                                   "--timing-out results/inside/timing.json",
     "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
-                            "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume",
+                            "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume, then the same "
+                            "with --pe learned,t5,xlnet,deberta,alibi --seeds 0 and with --pe t5,alibi --seeds 1 "
+                            "--set precision=fp32",
     "results/wmt14-gpu-short": "SOURCE=files SEEDS=0 RUN_DIR=results/wmt14-gpu-short bash scripts/gpu_finale.sh start 4 "
                                "(on one H200 GPU; the calibration fits max_steps to the 4-minute budget)",
     "results/wmt14-gpu-500": "SOURCE=files SEEDS=0 PES=none,sinusoidal,rope JOBS=3 RUN_DIR=results/wmt14-gpu-500 bash "

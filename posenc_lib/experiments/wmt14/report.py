@@ -81,14 +81,16 @@ def _lines(path: Path) -> list[str]:
 
 
 def bootstrap_by_seed(run_dir, test: str = "heldout", n_samples: int | None = None,
-                      schemes: list[str] | None = None, cache: bool = True) -> dict[int, list[dict]]:
+                      schemes: list[str] | None = None, cache: bool = True,
+                      tag: str | None = None) -> dict[int, list[dict]]:
     """sacreBLEU's paired bootstrap between every two schemes (``schemes``, default all), separately for each seed
     that at least two of them have: ``{seed: rows}`` (rows as :func:`~.evaluate.paired_bootstrap`).
 
     ``n_samples`` defaults to the run's ``bootstrap_samples``.  With 1000 resamples the smallest p-value sacreBLEU
     can report is about 0.001: read ``p = 0.001`` as "p <= 0.001", never as "p < 0.001".  ``cache``: keep the
     answer in ``run_dir/bootstrap_by_seed.TEST.json`` with a digest of its inputs (the resample count, the
-    schemes, every hypothesis and reference file) and reuse it while they are unchanged.
+    schemes, every hypothesis and reference file) and reuse it while they are unchanged; ``tag`` names a second
+    cache (``bootstrap_by_seed.TEST.TAG.json``) for another set of schemes, so the two do not replace each other.
     """
     check_choice("test", test, TESTS)
     run_dir = Path(run_dir)
@@ -102,7 +104,9 @@ def bootstrap_by_seed(run_dir, test: str = "heldout", n_samples: int | None = No
     for pe in names:
         for s in sorted(results["models"][pe], key=int):
             digest.update((run_dir / f"{pe}-seed{s}" / f"hyp.{test}.txt").read_bytes())
-    path = run_dir / f"bootstrap_by_seed.{test}.json"
+    if tag is not None and (not isinstance(tag, str) or not tag.replace("-", "").replace("_", "").isalnum()):
+        raise ValueError(f"tag must be letters, digits, '-' or '_' (a file name part), got {tag!r}")
+    path = run_dir / f"bootstrap_by_seed.{test}{'' if tag is None else '.' + tag}.json"
     if cache and path.is_file():
         old = read_json(path)
         if old.get("inputs") == digest.hexdigest():
