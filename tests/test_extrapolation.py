@@ -386,6 +386,8 @@ def test_budget_profile_treats_every_scheme_alike():
     assert b.bias_lr_scale == 1.0 and not b.stop_at_mastery and b.mastery == 0.99 and b.mastery_examples >= 200
     assert b.steps % b.check_every == 0  # the last update is a check
     assert ex.param_groups(ex.make_model("t5", b), b)[1]["lr_scale"] == 1.0
+    assert ex.lr_at(b.steps - 1, b) == pytest.approx(0.01 * b.lr, rel=1e-3)  # annealed, so runs end converged
+    assert ex.lr_at(ex.PROFILES["course"].steps, ex.PROFILES["course"]) == pytest.approx(0.1 * ex.PROFILES["course"].lr)
 
 
 def test_position_accuracy_adds_up_to_token_accuracy():

@@ -116,6 +116,7 @@ RESULT_COMMANDS = {
                                              "encdec (without alibi) and decoder, LR 1e-3 and 4e-3",
     "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (the reversal and copy tasks, both "
                                     "architectures, seeds 0-4; run it again to resume)",
+    "results/extrapolation_budget_4000": None,  # the first try at sizing the budget profile (4000 updates)
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
     "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "
