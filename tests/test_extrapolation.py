@@ -421,3 +421,30 @@ def test_records_made_before_a_field_existed_still_resume(tmp_path):
     assert ex.pending(TINY, ["alibi"], [0], out) == []
     with pytest.raises(ValueError, match="different configuration"):
         ex.pending(replace(TINY, stop_at_mastery=False), ["alibi"], [0], out)
+
+
+def test_mastery_summary_and_position_profile_read_the_records(tmp_path):
+    cfg = replace(TINY, steps=20, mastery=0.9, mastery_examples=10, stop_at_mastery=False, check_every=10)
+    ex.run_all(cfg, ["rope", "alibi"], [0, 1], tmp_path, progress=False, log=lambda *_: None)
+    recs = ex.load_results(tmp_path)
+    m = ex.mastery_summary(recs)
+    assert set(m) == {"rope", "alibi"} and all(v["runs"] == 2 for v in m.values())
+    for pe, v in m.items():
+        mine = [r for r in recs if r["pe"] == pe]
+        assert v["mastered"] == sum(r["train"]["mastered"] for r in mine)
+        assert [w[1] for w in v["weakest"]] == [min(r["train"]["mastery_by_length"].values()) for r in mine]
+    prof = ex.position_profile(recs, 6)
+    rows = [next(row for row in r["eval"] if row["length"] == 6) for r in recs if r["pe"] == "rope"]
+    assert prof["rope"] == pytest.approx([(a + b) / 2 for a, b in zip(*(row["tf_position_accuracy"] for row in rows))])
+    assert len(prof["alibi"]) == 7
+    with pytest.raises(ValueError, match="was not tested"):
+        ex.position_profile(recs, 5)
+    s = ex.summarize(recs)
+    from posenc_lib.utils import interval95
+    vals = [next(row["exact_match"] for row in r["eval"] if row["length"] == 4) for r in recs if r["pe"] == "rope"]
+    assert s["rope"]["ci95"][0] == pytest.approx(interval95(vals)[1], nan_ok=True)
+    old = ex.load_results(tmp_path)
+    for r in old:
+        r["train"]["mastery_by_length"] = None
+    with pytest.raises(ValueError, match="not judged per training length"):
+        ex.mastery_summary(old)

@@ -85,7 +85,7 @@ from ..models.seq2seq import Seq2SeqTransformer, build_model
 from ..schemes.registry import PE_TYPES, canonical_pe
 from ..utils import (
     INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_choice, check_divides, check_float_range,
-    check_int_range, check_positive_int, interrupted_message, read_json, set_seed,
+    check_int_range, check_positive_int, interrupted_message, interval95, read_json, set_seed,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -809,7 +809,8 @@ def load_results(out: str | Path) -> list[dict[str, Any]]:
 
 
 def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") -> dict[str, dict[str, list]]:
-    """Per scheme: ``lengths``, ``mean``, ``min``, ``max`` over seeds, ``seeds`` and ``representable``."""
+    """Per scheme: ``lengths``, ``mean``, ``min``, ``max`` over seeds, ``ci95`` (half-width of the 95%
+    t-interval of the mean over seeds; nan for one seed), ``seeds`` and ``representable``."""
     check_choice("metric", metric, ("exact_match", "token_accuracy", "tf_token_accuracy"))
     by_pe: dict[str, list] = {}
     for r in records:
@@ -821,9 +822,47 @@ def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") ->
         summary[pe] = {
             "lengths": lengths, "mean": vals.mean(0).tolist(), "min": vals.min(0).values.tolist(),
             "max": vals.max(0).values.tolist(), "seeds": sorted(r["seed"] for r in recs),
+            "ci95": [interval95(vals[:, i].tolist())[1] for i in range(len(lengths))],
             "representable": [all(r["eval"][i]["representable"] for r in recs) for i in range(len(lengths))],
         }  # fmt: skip
     return summary
+
+
+def mastery_summary(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per run, from records trained with per-length mastery (``mastery_examples > 0``): ``runs`` (seeds),
+    ``mastered`` (seeds whose every training length reached the threshold at the last check),
+    ``first_mastered`` (per seed, the first checked update at which every length did; None where
+    never) and ``weakest`` (per seed, ``[length, exact match]`` of its weakest training length at the end).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        t = r["train"]
+        if t.get("mastery_by_length") is None:
+            raise ValueError(f"{r['pe']} seed {r['seed']} was not judged per training length "
+                             f"(profile {r['profile']!r}); use records of the budget profile")  # fmt: skip
+        weakest = min(t["mastery_by_length"].items(), key=lambda kv: (kv[1], int(kv[0])))
+        s = out.setdefault(r["pe"], {"runs": 0, "mastered": 0, "first_mastered": [], "weakest": []})
+        s["runs"] += 1
+        s["mastered"] += bool(t["mastered"])
+        s["first_mastered"].append(t["first_mastered"])
+        s["weakest"].append([int(weakest[0]), weakest[1]])
+    return out
+
+
+def position_profile(records: Sequence[dict[str, Any]], length: int,
+                     key: str = "tf_position_accuracy") -> dict[str, list[float]]:  # fmt: skip
+    """Per run: accuracy at each target position (``n`` symbols, then EOS) at test length ``length``,
+    averaged over the seeds (``key``: ``tf_position_accuracy`` or the greedy ``position_accuracy``)."""
+    check_choice("key", key, ("tf_position_accuracy", "position_accuracy"))
+    by_pe: dict[str, list[list[float]]] = {}
+    for r in records:
+        row = next((row for row in r["eval"] if row["length"] == length), None)
+        if row is None:
+            raise ValueError(f"length {length} was not tested; tested: {[row['length'] for row in r['eval']]}")
+        if key not in row:
+            raise ValueError(f"{r['pe']} seed {r['seed']} has no {key!r} (made before it was recorded)")
+        by_pe.setdefault(r["pe"], []).append(row[key])
+    return {pe: torch.tensor(v, dtype=torch.float64).mean(0).tolist() for pe, v in by_pe.items()}
 
 
 def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, metric: str) -> None:
