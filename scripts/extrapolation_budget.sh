@@ -10,7 +10,7 @@ PY=${PYTHON:-.venv/bin/python}
 SEEDS=${SEEDS:-"0 1 2 3 4"}
 TASKS=${TASKS:-"reverse copy"}
 ENCDEC=none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split
-DECODER=none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi
+DECODER=none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,t5-wide
 chain() {  # arch, schemes
   for task in $TASKS; do
     for seed in $SEEDS; do

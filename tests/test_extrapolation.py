@@ -448,3 +448,15 @@ def test_mastery_summary_and_position_profile_read_the_records(tmp_path):
         r["train"]["mastery_by_length"] = None
     with pytest.raises(ValueError, match="not judged per training length"):
         ex.mastery_summary(old)
+
+
+def test_t5_wide_keeps_the_papers_table_and_is_not_in_all():
+    cfg = ex.PROFILES["budget"]
+    for arch in ex.ARCHS:
+        c = replace(cfg, arch=arch)
+        wide, scaled = ex.make_model("t5-wide", c), ex.make_model("t5", c)
+        pos = (lambda m: m.pos) if arch == "decoder" else (lambda m: m.enc_pos)
+        assert (pos(wide).num_buckets, pos(wide).max_distance) == (32, 128)
+        assert (pos(scaled).num_buckets, pos(scaled).max_distance) == (c.table_options("t5")["num_buckets"],
+                                                                       c.table_options("t5")["max_distance"])
+        assert ex.run_table_options("t5-wide", c) == {} and "t5-wide" not in ex.all_runs(arch)

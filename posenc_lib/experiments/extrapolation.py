@@ -61,7 +61,7 @@ Command line::
     python -m posenc_lib.experiments.extrapolation --profile course --arch encdec --pe all --seeds 0 --out results/extrapolation_course/encdec --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile course --arch decoder --pe all --seeds 0 --out results/extrapolation_course/decoder --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
-    python -m posenc_lib.experiments.extrapolation --profile budget --arch decoder --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/decoder --jobs 2
+    python -m posenc_lib.experiments.extrapolation --profile budget --arch decoder --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,t5-wide --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/decoder --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile budget --arch encdec --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/encdec --jobs 2
     (the same with --task copy and --out results/extrapolation_budget/copy/ARCH for the second task)
 """
@@ -93,12 +93,16 @@ PAD, BOS, EOS = 0, 1, 2
 #: sequence from its reversal (see posenc_lib/schemes/alibi.py), which decides the reversal task by itself;
 #: the split variant shows what ALiBi does once it knows left from right.
 #: ``-rand`` runs train with randomized positions (Ruoss et al. 2023), the remedy tried for the
-#: absolute and rotary schemes.
+#: absolute and rotary schemes.  ``t5-wide`` keeps T5's own table (32 buckets up to distance 128, as
+#: in the T5 paper and the ``transformers`` default) instead of one scaled to the training length:
+#: its logarithmic buckets then already cover longer distances in training, the setting of
+#: Kazemnejad et al.; it is not part of ``--pe all``.
 VARIANTS: dict[str, tuple[str, dict]] = {
     "alibi-split": ("alibi", {"bidirectional": "split"}),
     "sinusoidal-rand": ("sinusoidal", {"randomized": True}),
     "learned-rand": ("learned", {"randomized": True}),
     "rope-rand": ("rope", {"randomized": True}),
+    "t5-wide": ("t5", {"library_table": True}),
 }
 RUN_ORDER: tuple[str, ...] = PE_TYPES + tuple(VARIANTS)
 ARCHS = ("encdec", "decoder")
@@ -346,6 +350,13 @@ def num_threads(n: int):
         torch.set_num_threads(before)
 
 
+def run_table_options(pe: str, cfg: ExtrapolationConfig) -> dict:
+    """The table sizes run ``pe`` is built with: the configuration's, or the library's for ``t5-wide``."""
+    name = run_name(pe)
+    base, extra = VARIANTS.get(name, (name, {}))
+    return {} if extra.get("library_table") else cfg.table_options(base)
+
+
 def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer | CausalLM:
     """The model of run ``pe`` (a scheme or a :data:`VARIANTS` name) for ``cfg.arch``.
 
@@ -357,7 +368,8 @@ def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer | Causal
     pe, extra = VARIANTS.get(name, (name, {}))
     extra = dict(extra)
     randomized = extra.pop("randomized", False)
-    extra.update(cfg.table_options(pe))
+    extra.update(run_table_options(name, cfg))
+    extra.pop("library_table", None)
     if pe == "learned":
         extra["max_len"] = cfg.random_positions_max if randomized else cfg.learned_max_len
     if cfg.arch == "decoder":
@@ -697,7 +709,7 @@ def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = Tr
         "profile": cfg.name,
         "config": asdict(cfg),
         "num_parameters": sum(p.numel() for p in model.parameters()),
-        "table_options": cfg.table_options(VARIANTS.get(run_name(pe), (run_name(pe), {}))[0]),
+        "table_options": run_table_options(pe, cfg),
         "train": {"steps": info["steps"], "loss_every_50_steps": [round(x, 5) for x in losses],
                   "final_loss": round(losses[-1], 5), "seconds": round(t1 - t0, 1),
                   "mastered": info["mastered"], "mastery_curve": info["mastery_curve"],
@@ -930,7 +942,7 @@ def all_runs(arch: str) -> list[str]:
     A causal ALiBi sees only keys on one side, so ``alibi-split`` is ``alibi`` in a decoder-only model.
     """
     check_choice("arch", arch, ARCHS)
-    return [r for r in RUN_ORDER if not (arch == "decoder" and r == "alibi-split")]
+    return [r for r in RUN_ORDER if not (arch == "decoder" and r == "alibi-split") and r != "t5-wide"]
 
 
 def parse_list(text: str, what: str) -> list[str]:
