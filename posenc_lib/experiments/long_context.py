@@ -216,8 +216,11 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, steps: int, lr: float, warmup: int,
                 grad_clip: float, seed: int, log_every: int = 50, at: Sequence[int] = (),
-                on_update=None) -> list[float]:  # fmt: skip
+                on_update=None, windows=None) -> list[float]:  # fmt: skip
     """Train on random windows; returns the mean loss of every ``log_every`` updates.
+
+    ``windows(step, g)``, when given, makes each update's ``(batch, length + 1)`` windows instead of
+    :func:`random_windows` (``g``: the run's generator, seeded with ``seed``).
 
     ``on_update(u, model)`` is called in eval mode (no gradients) before training if ``0`` is in ``at`` and
     after update ``u`` for every other ``u`` in ``at``: a way to measure the model during training.  It must not
@@ -244,7 +247,7 @@ def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, 
     for step in range(steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
-        loss = model.loss(random_windows(ids, length, batch, g))
+        loss = model.loss(random_windows(ids, length, batch, g) if windows is None else windows(step, g))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -323,19 +326,20 @@ def _record(kind, name, seed, cfg, model, losses, seconds, evals, **extra) -> di
             "train_seconds": round(seconds, 1), "eval": evals, "torch": torch.__version__, **extra}  # fmt: skip
 
 
-def train_at_length(build, seed: int, cfg, *, at: Sequence[int] = (),
-                    on_update=None) -> tuple[list[str], torch.Tensor, torch.nn.Module, list[float], float]:
+def train_at_length(build, seed: int, cfg, *, at: Sequence[int] = (), on_update=None,
+                    windows=None) -> tuple[list[str], torch.Tensor, torch.nn.Module, list[float], float]:
     """The pre-training every character-LM experiment shares: read the data of ``cfg``, seed, build the model
     (``build(vocab_size)``) and train it at ``cfg.train_len`` on ``cfg.threads`` threads.  Returns the vocabulary,
     the held-out ids, the model, the training losses and the training wall time (s, measurements at ``at``
-    included; see :func:`train_steps` for ``at`` and ``on_update``)."""
+    included; see :func:`train_steps` for ``at``, ``on_update`` and ``windows``)."""
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = data(cfg)
     set_seed(seed)
     model = build(len(vocab))
     t0 = time.perf_counter()
     losses = train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
-                         warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed, at=at, on_update=on_update)  # fmt: skip
+                         warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed, at=at, on_update=on_update,
+                         windows=windows)  # fmt: skip
     return vocab, eval_ids, model, losses, time.perf_counter() - t0
 
 
