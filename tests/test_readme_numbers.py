@@ -524,3 +524,16 @@ def test_readme_batch_axis_paragraph_matches_its_run():
     assert max(speed) < 5
     minutes = sum(json.loads((folder / f).read_text())["wall_s"] for f in ("train_batches.json", "memory_batches.json")) / 60
     assert f", {round(minutes)} min, then" in para
+
+
+def test_readme_quotes_the_passkey_trained_run():
+    """The README's lesson-10 command for results/passkey_trained: its size and cost, from the committed records."""
+    import glob
+
+    recs = [json.loads(Path(f).read_text()) for f in sorted(glob.glob(str(ROOT / "results/passkey_trained/*.json")))]
+    assert len(recs) == 15 and {r["config"]["steps"] for r in recs} == {6000}
+    assert {r["passkey_training"]["share"] for r in recs} == {0.5} and sorted({r["seed"] for r in recs}) == [0, 1, 2, 3, 4]
+    cpu_min = sum(r["train_seconds"] + r["eval_seconds"] for r in recs) / 60
+    assert round(cpu_min) == 66
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "(5 seeds; 15 models, 66 CPU minutes, two at a time)" in readme

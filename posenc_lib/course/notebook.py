@@ -117,6 +117,8 @@ RESULT_COMMANDS = {
     "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (the reversal and copy tasks, both "
                                     "architectures, seeds 0-4; run it again to resume)",
     "results/extrapolation_budget_4000": None,  # the first try at sizing the budget profile (4000 updates)
+    "results/passkey_trained": "python -m posenc_lib.experiments.passkey_trained --profile course --seeds 0,1,2,3,4 "
+                               "--out results/passkey_trained --jobs 2",
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
     "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "

@@ -25,12 +25,14 @@ the plain perplexity at every length (what the passkey share costs the language 
 Each (model, seed) writes one JSON file into ``--out`` as soon as it finishes (temporary file +
 rename); a rerun skips finished files, and a file made with other settings is refused.
 
-Cost of the committed ``course`` run (3 models x 3 seeds, 6000 updates each): see the README.
+Cost of the committed ``course`` run (3 models x 5 seeds, 6000 updates each): 66 CPU minutes of training and
+testing, 36 minutes of wall time two at a time on 2 cores.  Retrieval in range appeared in 5 of 5 ALiBi seeds,
+3 of 5 RoPE seeds and 1 of 5 without positions.
 
 Command line::
 
     python -m posenc_lib.experiments.passkey_trained --profile smoke --out runs/passkey-trained-smoke
-    python -m posenc_lib.experiments.passkey_trained --profile course --seeds 0,1,2 --out results/passkey_trained --jobs 2
+    python -m posenc_lib.experiments.passkey_trained --profile course --seeds 0,1,2,3,4 --out results/passkey_trained --jobs 2
 """
 from __future__ import annotations
 
