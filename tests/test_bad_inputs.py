@@ -725,6 +725,7 @@ def _file_system_clis(tmp, monkeypatch):
     from posenc_lib.experiments import long_context as lc
     from posenc_lib.experiments import long_context_extra as extra
     from posenc_lib.experiments import long_context_scaled as lcs
+    from posenc_lib.experiments import passkey_trained as pkt
     from posenc_lib.experiments import rope_variants as rv
     from posenc_lib.experiments import sliding_window as sw
     from posenc_lib.experiments.wmt14 import main as wmt14_main
@@ -768,6 +769,8 @@ def _file_system_clis(tmp, monkeypatch):
     monkeypatch.setattr(ins, "train_one", lambda name, seed, cfg, out: atomic_write_json(
         ins.result_path(out, name, seed), {"config": config_of(cfg)}) or "done")
     monkeypatch.setattr(extra, "run", extra_run)
+    monkeypatch.setattr(pkt, "train_one", lambda name, seed, pk, out: atomic_write_json(
+        pkt.result_path(out, name, seed), {"config": config_of(pk.lm()), "passkey_training": config_of(pk)}) or "done")
     monkeypatch.setattr(lcs, "readings", lambda seed, cfg, out, ckpt, trials: atomic_write_json(
         lcs._path(out, "readings", seed), {"config": config_of(cfg), "trials": trials}) or "done")
     monkeypatch.setattr(sw, "read_model", lambda name, seed, cfg, out, ckpt: atomic_write_json(
@@ -786,6 +789,7 @@ def _file_system_clis(tmp, monkeypatch):
         "long_context_extra": (extra.main, ["sinusoidal"]),
         "long_context_scaled": (lcs.main, ["--seeds", "0", "--finetunes", "none", "--ckpt", str(tmp / "ck")]),
         "sliding_window": (sw.main, ["--models", "nope", "--seeds", "0", "--ckpt", str(tmp / "ck")]),
+        "passkey_trained": (pkt.main, ["--models", "nope", "--seeds", "0"]),
         "rope_variants": (rv.main, ["--models", "nope", "--seeds", "0"]),
         "cope_counting": (cc.main, ["--models", "none", "--seeds", "0"]),
         "inside": (ins.main, ["--models", "nope", "--seeds", "0"]),
@@ -797,7 +801,7 @@ def _file_system_clis(tmp, monkeypatch):
 from pathlib import Path  # noqa: E402 (used by the stubs above)
 
 FS_CLIS = ("wmt14", "make-data", "calibrate", "extrapolation", "long_context", "long_context_extra", "long_context_scaled",
-           "sliding_window", "rope_variants", "cope_counting",
+           "sliding_window", "passkey_trained", "rope_variants", "cope_counting",
            "inside", "benchmarks", "book")
 
 
