@@ -63,7 +63,8 @@ Command line::
     python -m posenc_lib.experiments.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
     python -m posenc_lib.experiments.extrapolation --profile budget --arch decoder --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,t5-wide --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/decoder --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile budget --arch encdec --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/encdec --jobs 2
-    (the same with --task copy and --out results/extrapolation_budget/copy/ARCH for the second task)
+    (the same with --task copy, seeds 0,1,2 and --out results/extrapolation_budget/copy/ARCH for the second task;
+    scripts/extrapolation_budget.sh runs them all, seed by seed)
 """
 from __future__ import annotations
 
