@@ -460,3 +460,19 @@ def test_t5_wide_keeps_the_papers_table_and_is_not_in_all():
         assert (pos(scaled).num_buckets, pos(scaled).max_distance) == (c.table_options("t5")["num_buckets"],
                                                                        c.table_options("t5")["max_distance"])
         assert ex.run_table_options("t5-wide", c) == {} and "t5-wide" not in ex.all_runs(arch)
+
+
+def test_position_plot_draws_one_line_per_run_and_refuses_a_wrong_length():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prof = {"rope": [1.0] * 13, "alibi": [0.5] * 13}
+    fig, ax = plt.subplots()
+    ex.plot_position_accuracy(ax, prof, length=12, train_max_len=6)
+    assert [line.get_label() for line in ax.get_lines()] == ["rope", "alibi"]
+    assert list(ax.get_lines()[0].get_xdata()) == list(range(13))
+    with pytest.raises(ValueError, match="expected 13"):
+        ex.plot_position_accuracy(ax, {"rope": [1.0] * 12}, length=12, train_max_len=6)
+    plt.close(fig)

@@ -878,6 +878,29 @@ def position_profile(records: Sequence[dict[str, Any]], length: int,
     return {pe: torch.tensor(v, dtype=torch.float64).mean(0).tolist() for pe, v in by_pe.items()}
 
 
+def plot_position_accuracy(ax, profile: dict[str, list[float]], *, length: int, train_max_len: int,
+                           task: str = "reverse") -> None:  # fmt: skip
+    """Accuracy per target position at one test length (``profile`` from :func:`position_profile`), one line per
+    run.  Shaded: the output positions no training sequence had (``t >= train_max_len``); for the reversal task
+    the first outputs read the source positions beyond training (``n - 1 - t >= train_max_len``), marked too."""
+    import matplotlib.pyplot as plt
+
+    check_choice("task", task, TASKS)
+    colors = plt.get_cmap("viridis")(torch.linspace(0, 0.95, max(1, len(profile))).numpy())
+    for k, ((pe, acc), c) in enumerate(zip(profile.items(), colors)):
+        if len(acc) != length + 1:
+            raise ValueError(f"{pe}: {len(acc)} positions, expected {length + 1} (n symbols and EOS) for length {length}")
+        ax.plot(range(length + 1), acc, color=c, marker="o", ms=3, ls="-" if k % 2 == 0 else "--", label=pe)
+    ax.axvspan(train_max_len - 0.5, length + 0.5, color="0.9", zorder=0, label="output positions beyond training")
+    if task == "reverse" and length > train_max_len:
+        ax.axvspan(-0.5, length - train_max_len - 0.5, color="mistyrose", zorder=0,
+                   label="reads source positions beyond training")  # fmt: skip
+    ax.set_xticks(list(range(0, length, 4)) + [length], [str(t) for t in range(0, length, 4)] + ["EOS"])
+    ax.set_xlabel(f"target position (test length {length})")
+    ax.set_ylabel("accuracy (fraction)")
+    ax.set_ylim(-0.03, 1.03)
+
+
 def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, metric: str) -> None:
     """Mean over seeds (line) and min-max over seeds (band) for every scheme; the training range shaded."""
     import matplotlib.pyplot as plt
