@@ -537,3 +537,24 @@ def test_readme_quotes_the_passkey_trained_run():
     assert round(cpu_min) == 66
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "(5 seeds; 15 models, 66 CPU minutes, two at a time)" in readme
+
+
+def test_readme_sizes_the_budget_runs_from_their_records():
+    """The README's cost of lesson 13's budget runs: minutes per model from the committed records (less the recorded
+    pause), and the hours for all 160 models two at a time."""
+    import glob
+
+    folder = ROOT / "results" / "extrapolation_budget"
+    paused = json.loads((folder / "paused.json").read_text())
+    minutes = []
+    for f in sorted(glob.glob(str(folder / "*" / "*" / "*_seed*.json"))):
+        rec = json.loads(Path(f).read_text())
+        assert rec["profile"] == "budget" and rec["train"]["steps"] == 8000
+        pause = paused["paused_seconds"] if str(Path(f).relative_to(folder)) in paused["models"] else 0
+        minutes.append((rec["train"]["seconds"] - pause) / 60)
+    assert len(minutes) >= 10 and (round(min(minutes)), round(max(minutes))) == (7, 11)
+    assert round(160 * sum(minutes) / len(minutes) / 2 / 60) == 11
+    script = (ROOT / "scripts" / "extrapolation_budget.sh").read_text()
+    runs = {arch: len(re.search(rf"^{arch.upper()}=(.*)$", script, re.M).group(1).split(",")) for arch in ("encdec", "decoder")}
+    assert (runs["encdec"] + runs["decoder"]) * (5 + 3) == 160
+    assert "160 models of 7-11 minutes each on one thread, about 11 hours on" in (ROOT / "README.md").read_text(encoding="utf-8")
