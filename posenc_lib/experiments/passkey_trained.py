@@ -4,9 +4,9 @@ The experiment behind the passkey sections of notebooks/10_alibi.ipynb and 14_lo
 The character models of posenc_lib/experiments/long_context.py never retrieve a passkey, not even
 inside their window: nothing in plain text asks them to copy a string from far back.  Here the same
 models (same data, size and training length ``L``) learn it: a share of every training batch
-(``share``) is passkey windows of ``L`` characters, held-out-style text with
-"`` the pass key is 52817. ``" somewhere and "`` the pass key is ``" plus the key at the end
-(posenc_lib/experiments/long_context_scaled.py builds them; here from the training text).  The model
+(``share``) is passkey windows of ``L`` characters: text with the sentence ``the pass key is 52817.``
+somewhere and ``the pass key is`` plus the key at the end (``NEEDLE`` and ``QUESTION`` of
+posenc_lib/experiments/long_context_scaled.py, which builds them; here from the training text).  The model
 is trained on the whole window (the plain language-model loss); a key counts as retrieved when its
 top prediction for each of the five digits is right.
 
