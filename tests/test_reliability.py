@@ -374,8 +374,9 @@ def test_ctrl_c_stops_jobs_workers_and_says_how_to_resume(tmp_path):
     for kv in ("vocab_size=200", "max_steps=100000", "log_every=2", "val_every=2", "ckpt_every=2", "val_pairs=6",
                "eval_limit=3", "bertscore=false", "batch_tokens=200"):
         cmd += ["--set", kv]
-    # its own process group with Ctrl-C at its default action, as a terminal's foreground job (a Python child keeps
-    # an inherited "ignore SIGINT", and a test run earlier in the same pytest process can leave that behind)
+    # its own process group with Ctrl-C at its default action, as a terminal's foreground job: a Python child keeps
+    # an inherited "ignore SIGINT", and a shell without job control starts every background command (`make test &`)
+    # with SIGINT ignored, so pytest itself, and every child it starts, may hold it
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
