@@ -23,7 +23,7 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -556,6 +556,39 @@ class WorkerPool:
 def _parent_sigterm(signum, _frame) -> None:
     """SIGTERM to a :class:`WorkerPool`'s parent: leave the ``with`` block (which stops the workers), exit 143."""
     raise SystemExit(128 + signum)
+
+
+def unique_choices(what: str, names: Iterable[str], valid: Sequence[str]) -> list[str]:
+    """``names`` in order without repeats (one named twice runs once); any not in ``valid`` is refused with a
+    ``ValueError`` that names it and the valid choices."""
+    names = list(dict.fromkeys(names))
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise ValueError(f"unknown {what}(s) {bad}; valid choices: {', '.join(valid)}")
+    return names
+
+
+def run_calls(calls: Sequence[tuple[Callable, tuple]], jobs: int = 1, log: Callable[[str], Any] = print, *,
+              progress: bool = False, desc: str = "models") -> None:
+    """Run ``calls`` (``(fn, args)`` pairs) and ``log`` what each returns as it finishes.
+
+    ``jobs == 1`` runs them one after the other in this process; more runs them in a :class:`WorkerPool` of
+    ``jobs`` spawned workers (Ctrl-C or an error stops every worker at once; calls that finished keep what they
+    wrote), with a bar over the calls if ``progress``.
+    """
+    jobs = check_positive_int("jobs", jobs)
+    if jobs == 1:
+        for fn, args in calls:
+            log(fn(*args))
+    elif calls:
+        from concurrent.futures import as_completed
+
+        from tqdm.auto import tqdm
+
+        with WorkerPool(jobs) as pool:
+            futures = [pool.submit(fn, *args) for fn, args in calls]
+            for f in tqdm(as_completed(futures), total=len(futures), desc=desc, disable=not progress):
+                log(f.result())
 
 
 def read_lines_exact(path: str | os.PathLike) -> list[str]:

@@ -164,7 +164,7 @@ def test_bad_command_lines_name_the_value_and_the_choices(argv, message, capsys)
 def test_bad_arguments_name_the_value_and_the_choices(tmp_path):
     with pytest.raises(ValueError, match="unknown model 'nope'; valid choices: cope, rope, alibi, none"):
         cc.make_model("nope", cc.SMOKE)
-    with pytest.raises(ValueError, match="unknown model 'gpt'; valid choices: cope, rope, alibi, none"):
+    with pytest.raises(ValueError, match=r"unknown model\(s\) \['gpt'\]; valid choices: cope, rope, alibi, none"):
         cc.run_all(cc.SMOKE, [0], tmp_path, names=["gpt"])
     with pytest.raises(ValueError, match="unknown test set 'long'; valid choices: in_range, long_words"):
         cc.SMOKE.word_lengths("long")

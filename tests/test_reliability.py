@@ -974,6 +974,37 @@ def test_decode_profile_keeps_the_decode_batch_it_is_given(tmp_path, monkeypatch
     assert code == 2 and len(lines) == 1 and "decode_batch" in lines[0], lines
 
 
+def _tag(i, folder):
+    Path(folder, f"call{i}").write_text(str(os.getpid()))
+    return f"call {i} done"
+
+
+def test_run_calls_runs_every_call_once_in_this_process_or_in_workers(tmp_path):
+    """The run loop every experiment shares: jobs=1 runs in this process, jobs=2 in spawned workers; each call once,
+    each return value logged; a bad jobs value refused before anything runs."""
+    from posenc_lib.utils import run_calls
+
+    for jobs in (1, 2):
+        folder = tmp_path / f"jobs{jobs}"
+        folder.mkdir()
+        logs = []
+        run_calls([(_tag, (i, folder)) for i in range(3)], jobs, logs.append)
+        assert sorted(logs) == [f"call {i} done" for i in range(3)]
+        pids = {int((folder / f"call{i}").read_text()) for i in range(3)}
+        assert (pids == {os.getpid()}) if jobs == 1 else (os.getpid() not in pids)
+    with pytest.raises(ValueError, match="jobs"):
+        run_calls([(_tag, (0, tmp_path))], 0, logs.append)
+    assert not (tmp_path / "call0").exists()
+
+
+def test_unique_choices_keeps_order_drops_repeats_and_names_the_bad_ones():
+    from posenc_lib.utils import unique_choices
+
+    assert unique_choices("model", ["rope", "alibi", "rope"], ("alibi", "rope")) == ["rope", "alibi"]
+    with pytest.raises(ValueError, match=r"unknown model\(s\) \['t5', 'gpt'\]; valid choices: alibi, rope"):
+        unique_choices("model", ["t5", "rope", "gpt"], ("alibi", "rope"))
+
+
 _POOL_SCRIPT = '''
 import os, sys, time
 from pathlib import Path

@@ -54,8 +54,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json,
-                     check_positive_int, interrupted_message, timing_command, read_json, set_seed)  # fmt: skip
+from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
+                     read_json, run_calls, set_seed, timing_command, unique_choices)  # fmt: skip
 from .long_context import lr_at, parse_selection
 
 SCHEMA = "posenc.cope_counting/1"
@@ -295,25 +295,14 @@ def run_all(cfg: CopeCountingConfig, seeds: Sequence[int], out, *, names: Sequen
     every model it has for every seed it has (None, and no summary, while some are missing)."""
     jobs = check_positive_int("jobs", jobs)
     seeds = list(dict.fromkeys(int(s) for s in seeds))
-    names = list(dict.fromkeys(MODELS if names is None else names))
-    for n in names:
-        if n not in MODELS:
-            raise ValueError(f"unknown model {n!r}; valid choices: {', '.join(MODELS)}")
+    names = unique_choices("model", MODELS if names is None else names, MODELS)
     with FolderLock(out, what="--out folder", log=log):
         check_folder(cfg, out, resume)
         atomic_write_json(Path(out) / "config.json", config_record(cfg))
         todo = [(n, s) for n in names for s in seeds if not result_path(out, n, s).exists()]
         if len(todo) < len(names) * len(seeds):
             log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        if jobs == 1:
-            for n, s in todo:
-                log(train_one(n, s, cfg, out))
-        elif todo:
-            from concurrent.futures import as_completed
-
-            with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
-                for f in as_completed([pool.submit(train_one, n, s, cfg, out) for n, s in todo]):
-                    log(f.result())
+        run_calls([(train_one, (n, s, cfg, out)) for n, s in todo], jobs, log)
         return write_summary(out)
 
 

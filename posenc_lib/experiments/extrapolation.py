@@ -85,8 +85,8 @@ from ..models.causal_lm import CausalLM
 from ..models.seq2seq import Seq2SeqTransformer, build_model
 from ..schemes.registry import PE_TYPES, canonical_pe
 from ..utils import (
-    INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json, check_choice, check_divides, check_float_range,
-    check_int_range, check_positive_int, interrupted_message, interval95, read_json, set_seed,
+    INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_choice, check_divides, check_float_range,
+    check_int_range, check_positive_int, interrupted_message, interval95, read_json, run_calls, set_seed,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -796,18 +796,9 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
 def _run_todo(todo, cfg, out, *, progress, jobs, log, done) -> None:
     if done:
         log(f"skipping {done} finished model(s) in {out}")
-    if jobs == 1:
-        for pe, seed in todo:
-            log(_finish(pe, cfg, seed, out, progress))
-    else:
-        from concurrent.futures import as_completed
-
-        from tqdm.auto import tqdm
-
-        with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once; finished files are kept
-            futures = [pool.submit(_finish, pe, cfg, seed, out, False) for pe, seed in todo]
-            for f in tqdm(as_completed(futures), total=len(futures), desc="models", disable=not progress):
-                log(f.result())
+    # one process: a bar over each model's updates; worker processes: one bar over the models
+    calls = [(_finish, (pe, cfg, seed, out, progress and jobs == 1)) for pe, seed in todo]
+    run_calls(calls, jobs, log, progress=progress and jobs > 1)
 
 
 def load_results(out: str | Path) -> list[dict[str, Any]]:

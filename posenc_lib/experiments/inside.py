@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json,
-                     check_positive_int, interrupted_message, timing_command, read_json, set_seed)
+from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
+                     read_json, run_calls, set_seed, timing_command, unique_choices)
 from . import inside_tools as tools
 from . import long_context as lc
 
@@ -270,23 +270,12 @@ def run_all(cfg: InsideConfig, seeds: Sequence[int], out, *, names: Sequence[str
     """Make every (model, seed) result not yet in ``out``; ``jobs`` worker processes; ``out`` is locked meanwhile."""
     jobs = check_positive_int("jobs", jobs)
     seeds = list(dict.fromkeys(int(s) for s in seeds))
-    names = list(dict.fromkeys(MODELS if names is None else names))
-    bad = [n for n in names if n not in MODELS]
-    if bad:
-        raise ValueError(f"unknown model(s) {bad}; valid choices: {', '.join(MODELS)}")
+    names = unique_choices("model", MODELS if names is None else names, MODELS)
     with FolderLock(out, what="--out folder", log=log):
         todo = pending(cfg, names, seeds, out, resume=resume)
         if len(todo) < len(names) * len(seeds):
             log(f"keeping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        if jobs == 1:
-            for n, s in todo:
-                log(train_one(n, s, cfg, out))
-            return
-        from concurrent.futures import as_completed
-
-        with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
-            for f in as_completed([pool.submit(train_one, n, s, cfg, out) for n, s in todo]):
-                log(f.result())
+        run_calls([(train_one, (n, s, cfg, out)) for n, s in todo], jobs, log)
 
 
 def time_updates(cfg: InsideConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,

@@ -45,8 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
-                     check_positive_int, interrupted_message, load_weights, read_json, set_seed)
+from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_torch_save, atomic_write_json, check_positive_int,
+                     interrupted_message, load_weights, read_json, run_calls, set_seed)
 from .wmt14.data import SHIPPED_DIR, find_file, read_lines
 
 SCHEMA = "posenc.longctx/1"
@@ -459,16 +459,8 @@ def _run_locked(cfg: LongContextConfig, seeds, out, ckpt, *, names, finetunes, j
     skipped = len(names) * len(seeds) + len(finetunes) * len(seeds) - len(phase1) - len(phase2)
     if skipped:
         log(f"skipping {skipped} finished result(s) in {out}")
-    for phase in (phase1, phase2):
-        if jobs == 1:
-            for fn, args in phase:
-                log(fn(*args))
-        elif phase:
-            from concurrent.futures import as_completed
-
-            with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
-                for f in as_completed([pool.submit(fn, *args) for fn, args in phase]):
-                    log(f.result())
+    for phase in (phase1, phase2):  # every pre-training before the fine-tunes that read its weights
+        run_calls(phase, jobs, log)
 
 
 # -- reading results ------------------------------------------------------------------------------

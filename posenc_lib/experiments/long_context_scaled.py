@@ -52,7 +52,7 @@ from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, FolderLock, WorkerPool, atomic_write_json, set_seed
+from ..utils import CliParser, FolderLock, atomic_write_json, run_calls, set_seed, unique_choices
 from . import long_context as lc
 
 SCHEMA = "posenc.longctx-scaled/1"
@@ -244,9 +244,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trial
             finetunes: Sequence[str] = FINETUNED, jobs: int = 1, log=print) -> None:  # fmt: skip
     """The readings of every seed, then the fine-tune curves; finished files are skipped."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
-    bad = [m for m in finetunes if m not in STATIC]
-    if bad:
-        raise ValueError(f"unknown fine-tune method(s) {bad}; valid choices: {', '.join(STATIC)}")
+    finetunes = unique_choices("fine-tune method", finetunes, STATIC)
     with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
         # weights first, one process per seed, so that two jobs never train the same model
         first = [(readings, (s, cfg, out, ckpt, trials)) for s in seeds
@@ -260,15 +258,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trial
         if skipped:
             log(f"skipping {skipped} finished result(s) in {out}")
         for phase in (first, then):
-            if jobs == 1 or len(phase) <= 1:
-                for fn, args in phase:
-                    log(fn(*args))
-            elif phase:
-                from concurrent.futures import as_completed
-
-                with WorkerPool(jobs) as pool:
-                    for f in as_completed([pool.submit(fn, *args) for fn, args in phase]):
-                        log(f.result())
+            run_calls(phase, jobs if len(phase) > 1 else 1, log)
 
 
 def _train_only(seed: int, cfg, ckpt) -> str:

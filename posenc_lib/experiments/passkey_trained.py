@@ -45,7 +45,8 @@ from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, FolderLock, WorkerPool, atomic_write_json, check_float_range, check_positive_int
+from ..utils import (CliParser, FolderLock, atomic_write_json, check_float_range, check_positive_int, run_calls,
+                     unique_choices)
 from . import long_context as lc
 from . import long_context_scaled as ls
 
@@ -165,24 +166,13 @@ def run_all(pk: PasskeyTraining, seeds: Sequence[int], out, *, names: Sequence[s
             log=print) -> None:  # fmt: skip
     """Every (model, seed) not yet in ``out``; ``jobs`` worker processes; ``out`` locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
-    names = list(dict.fromkeys(names))
-    bad = [m for m in names if m not in MODELS]
-    if bad:
-        raise ValueError(f"unknown model(s) {bad}; valid choices: {', '.join(MODELS)}")
+    names = unique_choices("model", names, MODELS)
     jobs = check_positive_int("jobs", jobs)
     with FolderLock(out, what="--out folder", log=log):
         todo = [(m, s) for s in seeds for m in names if not finished(result_path(out, m, s), pk)]
         if len(todo) < len(names) * len(seeds):
             log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        if jobs == 1:
-            for m, s in todo:
-                log(train_one(m, s, pk, out))
-            return
-        from concurrent.futures import as_completed
-
-        with WorkerPool(jobs) as pool:
-            for f in as_completed([pool.submit(train_one, m, s, pk, out) for m, s in todo]):
-                log(f.result())
+        run_calls([(train_one, (m, s, pk, out)) for m, s in todo], jobs, log)
 
 
 def load_results(out) -> list[dict]:

@@ -40,8 +40,8 @@ import torch
 
 from ..models.causal_lm import CausalLM
 from ..schemes.rope_spectrum import rotary_pairs
-from ..utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_write_json,
-                     check_positive_int, interrupted_message, timing_command, set_seed)
+from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
+                     run_calls, set_seed, timing_command)
 from . import long_context as lc
 
 #: the fractions of each head that rotate, and the two kinds of partial rotary
@@ -114,15 +114,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, *, names: Sequ
         todo = [(n, s) for n in names for s in seeds if not lc.finished(lc.result_path(out, n, s), cfg)]
         if len(todo) < len(names) * len(seeds):
             log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        if jobs == 1:
-            for n, s in todo:
-                log(train_one(n, s, cfg, out))
-        elif todo:
-            from concurrent.futures import as_completed
-
-            with WorkerPool(jobs) as pool:  # Ctrl-C or an error stops every worker at once
-                for f in as_completed([pool.submit(train_one, n, s, cfg, out) for n, s in todo]):
-                    log(f.result())
+        run_calls([(train_one, (n, s, cfg, out)) for n, s in todo], jobs, log)
 
 
 def time_updates(cfg: lc.LongContextConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,

@@ -39,7 +39,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..utils import CliParser, FolderLock, atomic_write_json
+from ..utils import CliParser, FolderLock, atomic_write_json, unique_choices
 from . import long_context as lc
 
 SCHEMA = "posenc.sliding-window/1"
@@ -107,10 +107,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names
             log=print) -> None:  # fmt: skip
     """Every (model, seed) not yet in ``out``, one after the other; ``out`` and ``ckpt`` locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
-    names = list(dict.fromkeys(names))
-    bad = [m for m in names if m not in MODELS]
-    if bad:
-        raise ValueError(f"unknown model(s) {bad}; valid choices: {', '.join(MODELS)}")
+    names = unique_choices("model", names, MODELS)
     with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
         todo = [(m, s) for m in names for s in seeds if not lc.finished(_path(out, m, s), cfg)]
         if len(todo) < len(names) * len(seeds):
