@@ -330,6 +330,62 @@ def test_heatmap_writes_every_cell_and_marks_unrepresentable_lengths():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["learned (2)"]
 
 
+def test_heatmap_band_ci95_writes_the_interval_of_the_mean_where_seeds_differ():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [{"pe": "rope", "seed": seed, "eval": [{"length": 4, "exact_match": 1.0, "token_accuracy": 1.0, "representable": True},
+                                                   {"length": 8, "exact_match": v, "token_accuracy": 1.0, "representable": True}]}
+            for seed, v in enumerate((0.2, 0.3, 0.4))]  # fmt: skip
+    fig, ax = plt.subplots()
+    ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=4, band="ci95")
+    texts = [t.get_text() for t in ax.texts]
+    plt.close(fig)
+    assert texts == ["1.00", "0.30", "±.25"]  # t(0.975, 2) x sd / sqrt(3) = 4.303 x 0.1 / 1.732; equal seeds: no line
+    with pytest.raises(ValueError, match="band"):
+        ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=4, band="sd")
+
+
+def test_accuracy_plot_band_ci95_is_the_interval_of_the_mean_clipped_to_0_1():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [{"pe": "rope", "seed": seed, "eval": [{"length": 4, "exact_match": a, "token_accuracy": 1.0, "representable": True},
+                                                   {"length": 8, "exact_match": b, "token_accuracy": 1.0, "representable": True}]}
+            for seed, (a, b) in enumerate(((0.9, 0.0), (1.0, 0.0), (1.0, 0.3)))]  # fmt: skip
+    drawn = {}
+    for band in ("range", "ci95"):
+        fig, ax = plt.subplots()
+        ax.fill_between = lambda x, low, high, **kw: drawn.setdefault(band, (list(low), list(high)))
+        ex.plot_accuracy_vs_length(ax, ex.summarize(recs, "exact_match"), train_max_len=4, metric="exact_match", band=band)
+        plt.close(fig)
+    assert drawn["range"] == (pytest.approx([0.9, 0.0]), pytest.approx([1.0, 0.3]))
+    t = 4.303  # t(0.975, 2); sd 0.0577 at n = 4, 0.1732 at n = 8
+    assert drawn["ci95"] == (pytest.approx([0.9667 - t * 0.0577 / 3**0.5, 0.0], abs=2e-3), pytest.approx([1.0, 0.1 + t * 0.1732 / 3**0.5], abs=2e-3))
+    with pytest.raises(ValueError, match="band"):
+        ex.plot_accuracy_vs_length(ax, ex.summarize(recs, "exact_match"), train_max_len=4, metric="exact_match", band="sd")
+
+
+def test_paired_difference_pairs_seeds_and_refuses_unpaired_ones():
+    def rec(pe, seed, v):
+        return {"pe": pe, "seed": seed, "eval": [{"length": 20, "exact_match": v, "token_accuracy": v}]}
+
+    recs = [rec("t5", 0, 0.5), rec("t5", 1, 0.1), rec("t5-wide", 0, 0.6), rec("t5-wide", 1, 0.4)]
+    d = ex.paired_difference(recs, "t5-wide", "t5", 20)
+    assert d["seeds"] == [0, 1] and d["diffs"] == pytest.approx([0.1, 0.3]) and d["wins"] == 2
+    assert d["mean"] == pytest.approx(0.2) and d["ci95"] == pytest.approx(12.706 * 0.1, rel=1e-4)  # t(0.975, 1) x sd / sqrt(2)
+    with pytest.raises(ValueError, match="different seeds"):
+        ex.paired_difference(recs + [rec("t5", 2, 0.0)], "t5-wide", "t5", 20)
+    with pytest.raises(ValueError, match="'rope'"):
+        ex.paired_difference(recs, "rope", "t5", 20)
+    with pytest.raises(ValueError, match="length 24 was not tested"):
+        ex.paired_difference(recs, "t5-wide", "t5", 24)
+
+
 def test_heatmap_labels_do_not_overlap_at_the_lessons_size():
     """Lesson 13 draws 13 runs x 9 lengths, 3 seeds, in a 6.2 x 4.6 inch panel: no two cell labels may overlap
     (the earlier "0.06-0.09" second lines ran into their neighbours); seeds that agree get no range line."""

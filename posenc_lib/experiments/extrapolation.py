@@ -869,6 +869,31 @@ def position_profile(records: Sequence[dict[str, Any]], length: int,
     return {pe: torch.tensor(v, dtype=torch.float64).mean(0).tolist() for pe, v in by_pe.items()}
 
 
+def paired_difference(records: Sequence[dict[str, Any]], run: str, other: str, length: int,
+                      metric: str = "exact_match") -> dict[str, Any]:  # fmt: skip
+    """``run`` minus ``other`` at test length ``length``, seed by seed (the same seed: the same training data
+    and test set): ``seeds``, ``diffs``, ``mean``, ``ci95`` (half-width of the 95% t-interval of the mean
+    difference; nan for one seed) and ``wins`` (seeds where ``run`` scored higher)."""
+    check_choice("metric", metric, ("exact_match", "token_accuracy", "tf_token_accuracy"))
+    runs = list(dict.fromkeys(r["pe"] for r in records))
+    for name in (run, other):
+        check_choice("run", name, runs)
+    value = {}
+    for r in records:
+        if r["pe"] in (run, other):
+            row = next((row for row in r["eval"] if row["length"] == length), None)
+            if row is None:
+                raise ValueError(f"length {length} was not tested; tested: {[row['length'] for row in r['eval']]}")
+            value[r["pe"], r["seed"]] = row[metric]
+    seeds = sorted({s for pe, s in value if pe == run})
+    if seeds != sorted({s for pe, s in value if pe == other}):
+        raise ValueError(f"{run} and {other} have different seeds ({seeds} and "
+                         f"{sorted({s for pe, s in value if pe == other})}): a paired difference needs the same seeds")
+    diffs = [value[run, s] - value[other, s] for s in seeds]
+    mean, half = interval95(diffs)
+    return {"seeds": seeds, "diffs": diffs, "mean": mean, "ci95": half, "wins": sum(d > 0 for d in diffs)}
+
+
 def plot_position_accuracy(ax, profile: dict[str, list[float]], *, length: int, train_max_len: int,
                            task: str = "reverse") -> None:  # fmt: skip
     """Accuracy per target position at one test length (``profile`` from :func:`position_profile`), one line per
@@ -892,16 +917,26 @@ def plot_position_accuracy(ax, profile: dict[str, list[float]], *, length: int, 
     ax.set_ylim(-0.03, 1.03)
 
 
-def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, metric: str) -> None:
-    """Mean over seeds (line) and min-max over seeds (band) for every scheme; the training range shaded."""
+def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, metric: str,
+                            band: str = "range") -> None:  # fmt: skip
+    """Mean over seeds (line) and a band for every scheme: min-max over seeds (``band="range"``) or the 95%
+    interval of the mean (``band="ci95"``, clipped to [0, 1]); the training range shaded."""
     import matplotlib.pyplot as plt
+
+    check_choice("band", band, ("range", "ci95"))
 
     colors = plt.get_cmap("viridis")(torch.linspace(0, 0.95, len(summary)).numpy())
     markers = "osD^vP*Xh<>"
     for k, ((pe, s), c) in enumerate(zip(summary.items(), colors)):
         ax.plot(s["lengths"], s["mean"], marker=markers[k % len(markers)], ms=4, color=c, label=pe,
                 ls="-" if k % 2 == 0 else "--")  # fmt: skip
-        ax.fill_between(s["lengths"], s["min"], s["max"], color=c, alpha=0.15, lw=0)
+        if band == "range":
+            low, high = s["min"], s["max"]
+        else:
+            half = [0.0 if math.isnan(h) else h for h in s["ci95"]]
+            low = [max(0.0, m - h) for m, h in zip(s["mean"], half)]
+            high = [min(1.0, m + h) for m, h in zip(s["mean"], half)]
+        ax.fill_between(s["lengths"], low, high, color=c, alpha=0.15, lw=0)
         cannot = [n for n, ok in zip(s["lengths"], s["representable"]) if not ok]
         if cannot:
             ax.scatter(cannot, [0.0] * len(cannot), marker="x", s=40, color="crimson", zorder=5,
@@ -912,15 +947,19 @@ def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_ma
     ax.set_ylim(-0.03, 1.03)
 
 
-def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, title: str = "") -> None:
+def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, title: str = "",
+                 band: str = "range") -> None:  # fmt: skip
     """Runs (rows) x test lengths (columns), the mean over seeds written in every cell.
 
     ``"--"`` marks a length the run cannot represent (a learned table without the row); a
     red line separates the training lengths (left) from the longer ones.  With more than one
-    seed the cell also shows the min-max range over seeds in a smaller font, without leading
-    zeros (``.06-.09``), and only where the seeds differ, so that neighbouring cells stay legible.
+    seed the cell also shows, in a smaller font and without leading zeros, the min-max range
+    over seeds (``band="range"``: ``.06-.09``) or the half-width of the 95% interval of the mean
+    (``band="ci95"``: ``±.05``), only where it is not zero, so that neighbouring cells stay legible.
     """
     import numpy as np
+
+    check_choice("band", band, ("range", "ci95"))
 
     def short(v: float) -> str:
         text = f"{v:.2f}"
@@ -934,12 +973,15 @@ def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int,
         s = summary[r]
         for j, _ in enumerate(lengths):
             color = "white" if grid[i, j] > 0.6 else "black"
-            spread = s["representable"][j] and len(s["seeds"]) > 1 and short(s["min"][j]) != short(s["max"][j])
+            if band == "range":
+                second = f"{short(s['min'][j])}-{short(s['max'][j])}" if short(s["min"][j]) != short(s["max"][j]) else ""
+            else:
+                second = f"±{short(s['ci95'][j])}" if short(s["ci95"][j]) not in ("nan", ".00") else ""
+            spread = s["representable"][j] and len(s["seeds"]) > 1 and bool(second)
             text = f"{s['mean'][j]:.2f}" if s["representable"][j] else "--"
             ax.text(j, i - (0.17 if spread else 0.0), text, ha="center", va="center", fontsize=7, color=color)
             if spread:
-                ax.text(j, i + 0.22, f"{short(s['min'][j])}-{short(s['max'][j])}", ha="center", va="center",
-                        fontsize=5.5, color=color)
+                ax.text(j, i + 0.22, second, ha="center", va="center", fontsize=5.5, color=color)
     inside = sum(n <= train_max_len for n in lengths)
     ax.axvline(inside - 0.5, color="crimson", lw=2)
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
