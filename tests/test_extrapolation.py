@@ -1,6 +1,7 @@
 """The length-extrapolation experiment: task, training, scoring, results files, resume, errors."""
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -368,6 +369,22 @@ def test_accuracy_plot_band_ci95_is_the_interval_of_the_mean_clipped_to_0_1():
     assert drawn["ci95"] == (pytest.approx([0.9667 - t * 0.0577 / 3**0.5, 0.0], abs=2e-3), pytest.approx([1.0, 0.1 + t * 0.1732 / 3**0.5], abs=2e-3))
     with pytest.raises(ValueError, match="band"):
         ex.plot_accuracy_vs_length(ax, ex.summarize(recs, "exact_match"), train_max_len=4, metric="exact_match", band="sd")
+
+
+def test_whole_seeds_keeps_only_seeds_with_every_run():
+    recs = [{"pe": pe, "seed": s} for pe, s in (("rope", 0), ("t5", 0), ("rope", 1), ("t5", 2), ("rope", 2), ("none", 0))]
+    kept, seeds = ex.whole_seeds(recs, ("rope", "t5"))
+    assert seeds == [0, 2] and [(r["pe"], r["seed"]) for r in kept] == [("rope", 0), ("t5", 0), ("t5", 2), ("rope", 2)]
+    assert ex.whole_seeds(recs, ("rope", "alibi")) == ([], [])
+
+
+def test_budget_runs_are_the_scripts_runs():
+    import re
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "extrapolation_budget.sh").read_text()
+    for arch, runs in ex.BUDGET_RUNS.items():
+        assert tuple(re.search(rf"^{arch.upper()}=(.*)$", script, re.M).group(1).split(",")) == runs
+        assert all(ex.run_name(r) == r for r in runs)
 
 
 def test_paired_difference_pairs_seeds_and_refuses_unpaired_ones():

@@ -107,6 +107,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 }
 RUN_ORDER: tuple[str, ...] = PE_TYPES + tuple(VARIANTS)
 ARCHS = ("encdec", "decoder")
+#: the runs of the budget design (scripts/extrapolation_budget.sh), per architecture: every scheme, split ALiBi where
+#: it differs from ALiBi (the encoder), and T5 with its library table where Kazemnejad et al. tested it (decoder-only)
+BUDGET_RUNS: dict[str, tuple[str, ...]] = {"encdec": PE_TYPES + ("alibi-split",), "decoder": PE_TYPES + ("t5-wide",)}
 TABLE_SIZES = ("scaled", "library")
 
 
@@ -830,6 +833,16 @@ def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") ->
             "representable": [all(r["eval"][i]["representable"] for r in recs) for i in range(len(lengths))],
         }  # fmt: skip
     return summary
+
+
+def whole_seeds(records: Sequence[dict[str, Any]], runs: Sequence[str]) -> tuple[list[dict[str, Any]], list[int]]:
+    """The records of the seeds that hold every one of ``runs`` (and only those runs' records), and those seeds:
+    a comparison of means over different seed sets would mix seed luck into the ranking."""
+    have: dict[int, set[str]] = {}
+    for r in records:
+        have.setdefault(r["seed"], set()).add(r["pe"])
+    seeds = sorted(s for s, pes in have.items() if set(runs) <= pes)
+    return [r for r in records if r["seed"] in seeds and r["pe"] in runs], seeds
 
 
 def mastery_summary(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
