@@ -114,8 +114,9 @@ RESULT_COMMANDS = {
                                              "ARCH --lr LR --pe none,learned-rand,sinusoidal-rand,rope-rand,alibi "
                                              "--seeds 0 --out results/extrapolation_course/lr_sweep/ARCH_lrLR for ARCH "
                                              "encdec (without alibi) and decoder, LR 1e-3 and 4e-3",
-    "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (both architectures, the reversal task "
-                                    "with seeds 0-4, then the copy task with seeds 0-2; run it again to resume)",
+    "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (both architectures, in rounds: reversal "
+                                    "seed k, then copying seed k; reversal seeds 0-4, copying 0-2; run it again to "
+                                    "resume)",
     "results/extrapolation_budget_4000": None,  # the first try at sizing the budget profile (4000 updates)
     "results/passkey_trained": "python -m posenc_lib.experiments.passkey_trained --profile course --seeds 0,1,2,3,4 "
                                "--out results/passkey_trained --jobs 2",
