@@ -549,3 +549,28 @@ def test_position_plot_draws_one_line_per_run_and_refuses_a_wrong_length():
     with pytest.raises(ValueError, match="expected 13"):
         ex.plot_position_accuracy(ax, {"rope": [1.0] * 12}, length=12, train_max_len=6)
     plt.close(fig)
+
+
+def test_training_minutes_subtract_every_recorded_pause(tmp_path):
+    import json
+
+    def record(rel, seconds):
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"train": {"seconds": seconds}}))
+
+    record("reverse/encdec/rope_seed0.json", 600.0)
+    record("reverse/decoder/rope_seed0.json", 300.0)
+    record("copy/encdec/t5_seed1.json", 900.0)
+    assert ex.pauses(tmp_path) == {} and ex.training_minutes(tmp_path)["copy/encdec/t5_seed1.json"] == 15.0
+    # two pauses, one model in both; the older single-pause layout reads the same
+    (tmp_path / "paused.json").write_text(json.dumps({"pauses": [
+        {"paused_seconds": 120, "from": "a", "to": "b", "models": ["reverse/encdec/rope_seed0.json"]},
+        {"paused_seconds": 60, "from": "c", "to": "d",
+         "models": ["reverse/encdec/rope_seed0.json", "copy/encdec/t5_seed1.json"]}]}))
+    assert ex.training_minutes(tmp_path) == {"copy/encdec/t5_seed1.json": 14.0, "reverse/decoder/rope_seed0.json": 5.0,
+                                             "reverse/encdec/rope_seed0.json": 7.0}
+    (tmp_path / "paused.json").write_text(json.dumps({"paused_seconds": 60, "from": "c", "to": "d",
+                                                      "models": ["reverse/decoder/rope_seed0.json"]}))
+    assert ex.pauses(tmp_path) == {"reverse/decoder/rope_seed0.json": 60.0}
+    assert ex.training_minutes(tmp_path)["reverse/decoder/rope_seed0.json"] == 4.0

@@ -418,6 +418,31 @@ def test_readme_quotes_the_500_update_gpu_run():
     news = [r["tests"]["newstest2014"]["bleu"] for r in m.values()]
     assert f"newstest2014 BLEU {min(news):.1f}–{max(news):.1f}" in section
     assert max(b, key=b.get) == "rope" and "RoPE learning fastest" in section
+    # seed 1, a later call: its times from the log's second part, its scores and every seed's bootstrap
+    one = {pe: r["1"] for pe, r in res["models"].items()}
+    assert set(one) == set(m) and {r["updates"] for r in one.values()} == {500}
+    later = (run / "pipeline.log").read_text().split("# seed 1", 1)[1]
+    t = {name: int(h) * 3600 + int(mi) * 60 + int(se)
+         for h, mi, se, name in re.findall(r"^== (\d\d):(\d\d):(\d\d) (\S+)", later, re.M)}
+    assert f"{(t['finished'] - t['run']) / 60:.1f} minutes from the command to the last score" in section
+    walls = [one[pe]["wall_s"] for pe in ("none", "sinusoidal", "rope")]
+    assert f"500 updates in {min(walls):.0f}–{max(walls):.0f} s per model for the first three and " \
+           f"{one['shaw']['wall_s']:.0f} s for Shaw" in section
+    assert all(f"`{pe}` {r['tests']['heldout']['bleu']:.1f}" in section for pe, r in one.items())
+    tests = (run / "cuda_tests_seed1.txt").read_text()
+    assert tests.count(".") == 61 and "F" not in tests and "61 of 62 passed, none failed" in section
+    from posenc_lib.experiments.wmt14.report import bootstrap_by_seed
+
+    boot = {s: {(x["baseline"], x["system"]): x["bleu_p"] for x in rows}
+            for s, rows in bootstrap_by_seed(run, "heldout").items()}
+    bl = {s: {pe: r[str(s)]["tests"]["heldout"]["bleu"] for pe, r in res["models"].items()} for s in (0, 1)}
+    order = ["none", "sinusoidal", "shaw", "rope"]
+    for s in (0, 1):
+        assert sorted(order, key=bl[s].get) == order
+        assert all(boot[s].get((a, c), boot[s].get((c, a))) <= 0.001 for a, c in zip(order, order[1:]))
+    assert "rank `none` < `sinusoidal` < `shaw` < `rope`, every step with paired bootstrap p ≤ 0.001" in section
+    lead = [bl[s]["rope"] - bl[s]["shaw"] for s in (0, 1)]
+    assert f"RoPE's lead over Shaw is {lead[0]:.1f} BLEU in seed 0 and {lead[1]:.1f} in seed 1" in section
 
 
 def test_readme_quotes_the_fp32_training_time_of_the_nine_way_models():
@@ -544,14 +569,13 @@ def test_readme_sizes_the_budget_runs_from_their_records():
     pause), and the hours for all 160 models two at a time."""
     import glob
 
+    from posenc_lib.experiments.extrapolation import training_minutes
+
     folder = ROOT / "results" / "extrapolation_budget"
-    paused = json.loads((folder / "paused.json").read_text())
-    minutes = []
     for f in sorted(glob.glob(str(folder / "*" / "*" / "*_seed*.json"))):
         rec = json.loads(Path(f).read_text())
         assert rec["profile"] == "budget" and rec["train"]["steps"] == 8000
-        pause = paused["paused_seconds"] if str(Path(f).relative_to(folder)) in paused["models"] else 0
-        minutes.append((rec["train"]["seconds"] - pause) / 60)
+    minutes = list(training_minutes(folder).values())
     # every committed model inside the stated range; the projection from their mean within an hour of the statement
     assert len(minutes) >= 10 and all(2.5 <= m < 11.5 for m in minutes) and round(min(minutes)) == 3
     assert abs(160 * sum(minutes) / len(minutes) / 2 / 60 - 7) <= 1

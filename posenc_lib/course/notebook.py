@@ -148,7 +148,8 @@ RESULT_COMMANDS = {
                              "scripts/gpu_finale.sh start 7 (on one H200 GPU; the calibration fits 500 updates to the "
                              "7-minute budget), then shaw with: python -m posenc_lib.experiments.wmt14 --profile gpu "
                              "--pe none,sinusoidal,shaw,rope --seeds 0 --source files --out results/wmt14-gpu-500 "
-                             "--jobs 3 --resume --set max_steps=500 --set warmup=125",
+                             "--jobs 3 --resume --set max_steps=500 --set warmup=125; seed 1 with the same command "
+                             "and --seeds 1",
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
     "benchmarks/results/batches": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,deberta "
                                   "--lengths 512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/batches, "

@@ -815,6 +815,35 @@ def load_results(out: str | Path) -> list[dict[str, Any]]:
     return sorted(recs, key=lambda r: (RUN_ORDER.index(r["pe"]), r["seed"]))
 
 
+def pauses(folder: str | Path) -> dict[str, float]:
+    """Seconds each model's training was paused, from ``folder/paused.json`` (keys: the record's path relative to
+    ``folder``); empty when there is no such file.  A pause is recorded when training processes were stopped
+    (SIGSTOP) while other work used the cores: their wall-clock ``train.seconds`` include it.  The file holds
+    ``pauses``, a list of ``{"paused_seconds", "from", "to", "models"}``; an older file held one such pause at
+    its top level, which is read the same way."""
+    path = Path(folder) / "paused.json"
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    found: dict[str, float] = {}
+    for pause in data.get("pauses", [data] if "paused_seconds" in data else []):
+        for model in pause["models"]:
+            found[model] = found.get(model, 0.0) + float(pause["paused_seconds"])
+    return found
+
+
+def training_minutes(folder: str | Path) -> dict[str, float]:
+    """Minutes of training per committed model under ``folder`` (records at ``TASK/ARCH/RUN_seedS.json``, as the
+    budget runs write them), less any recorded pause (:func:`pauses`): the cost of each model on one thread."""
+    folder = Path(folder)
+    paused = pauses(folder)
+    minutes = {}
+    for path in sorted(folder.glob("*/*/*_seed*.json")):
+        key = path.relative_to(folder).as_posix()
+        minutes[key] = (read_json(path)["train"]["seconds"] - paused.get(key, 0.0)) / 60
+    return minutes
+
+
 def summarize(records: Sequence[dict[str, Any]], metric: str = "exact_match") -> dict[str, dict[str, list]]:
     """Per scheme: ``lengths``, ``mean``, ``min``, ``max`` over seeds, ``ci95`` (half-width of the 95%
     t-interval of the mean over seeds; nan for one seed), ``seeds`` and ``representable``."""
