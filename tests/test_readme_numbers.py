@@ -431,6 +431,8 @@ def test_readme_quotes_the_500_update_gpu_run():
     assert all(f"`{pe}` {r['tests']['heldout']['bleu']:.1f}" in section for pe, r in one.items())
     tests = (run / "cuda_tests_seed1.txt").read_text()
     assert tests.count(".") == 61 and "F" not in tests and "61 of 62 passed, none failed" in section
+    full = (run / "cuda_tests_seed1_full.txt").read_text()
+    assert "62 passed" in full and "failed" not in full and "run again alone on the same kind of machine, all 62 passed" in section
     from posenc_lib.experiments.wmt14.report import bootstrap_by_seed
 
     boot = {s: {(x["baseline"], x["system"]): x["bleu_p"] for x in rows}
