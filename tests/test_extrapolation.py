@@ -345,6 +345,10 @@ def test_heatmap_band_ci95_writes_the_interval_of_the_mean_where_seeds_differ():
     texts = [t.get_text() for t in ax.texts]
     plt.close(fig)
     assert texts == ["1.00", "0.30", "±.25"]  # t(0.975, 2) x sd / sqrt(3) = 4.303 x 0.1 / 1.732; equal seeds: no line
+    ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=4, marked=["rope"])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rope (3) †"]
+    with pytest.raises(ValueError, match=r"marked names runs the summary does not have: \['t5'\]"):
+        ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=4, marked=["t5"])
     with pytest.raises(ValueError, match="band"):
         ex.plot_heatmap(ax, ex.summarize(recs, "exact_match"), train_max_len=4, band="sd")
 

@@ -966,6 +966,9 @@ def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_ma
     import matplotlib.pyplot as plt
 
     check_choice("band", band, ("range", "ci95"))
+    unknown = sorted(set(marked) - set(summary))
+    if unknown:
+        raise ValueError(f"marked names runs the summary does not have: {unknown}; its runs: {list(summary)}")
 
     colors = plt.get_cmap("viridis")(torch.linspace(0, 0.95, len(summary)).numpy())
     markers = "osD^vP*Xh<>"
@@ -990,8 +993,11 @@ def plot_accuracy_vs_length(ax, summary: dict[str, dict[str, list]], *, train_ma
 
 
 def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int, title: str = "",
-                 band: str = "range") -> None:  # fmt: skip
+                 band: str = "range", marked: Sequence[str] = ()) -> None:  # fmt: skip
     """Runs (rows) x test lengths (columns), the mean over seeds written in every cell.
+
+    Rows named in ``marked`` get a dagger after their label (say, runs with a seed that did not master the
+    training lengths); a name in ``marked`` that is not a row is a ``ValueError``.
 
     ``"--"`` marks a length the run cannot represent (a learned table without the row); a
     red line separates the training lengths (left) from the longer ones.  With more than one
@@ -1002,6 +1008,9 @@ def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int,
     import numpy as np
 
     check_choice("band", band, ("range", "ci95"))
+    unknown = sorted(set(marked) - set(summary))
+    if unknown:
+        raise ValueError(f"marked names runs the summary does not have: {unknown}; its runs: {list(summary)}")
 
     def short(v: float) -> str:
         text = f"{v:.2f}"
@@ -1027,8 +1036,8 @@ def plot_heatmap(ax, summary: dict[str, dict[str, list]], *, train_max_len: int,
     inside = sum(n <= train_max_len for n in lengths)
     ax.axvline(inside - 0.5, color="crimson", lw=2)
     ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(runs)), [f"{r} ({len(summary[r]['seeds'])})" if len(summary[r]["seeds"]) > 1 else r
-                                     for r in runs])  # fmt: skip
+    labels = [f"{r} ({len(summary[r]['seeds'])})" if len(summary[r]["seeds"]) > 1 else r for r in runs]
+    ax.set_yticks(range(len(runs)), [f"{label} †" if r in marked else label for r, label in zip(runs, labels)])
     ax.set_xlabel(f"test length (symbols); left of the red line: trained (<= {train_max_len})")
     if title:
         ax.set_title(title)
