@@ -276,7 +276,8 @@ def test_bad_inputs_give_clear_errors(tmp_path, capsys):
     for argv, msg in ((["--pe", "sinusoidal,bogus"], "bogus"), (["--seeds", "0,x"], "integers"),
                       (["--profile", "huge"], "invalid choice"), (["--jobs", "0"], "--jobs"),
                       (["--lr", "0"], "lr must be"), (["--lr", "nan"], "lr must be"),
-                      (["--bias-lr-scale", "0"], "bias_lr_scale must be")):  # fmt: skip
+                      (["--bias-lr-scale", "0"], "bias_lr_scale must be"), (["--steps", "0"], "steps must be"),
+                      (["--steps", "1.5"], "invalid int")):  # fmt: skip
         with pytest.raises(SystemExit):
             ex.main(argv + ["--out", str(tmp_path)])
         assert msg in capsys.readouterr().err
@@ -293,6 +294,9 @@ def test_lr_option_overrides_the_profile_and_keeps_the_rest(tmp_path, monkeypatc
     seen.clear()
     ex.main(["--profile", "budget", "--bias-lr-scale", "10", "--pe", "t5", "--out", str(tmp_path)])
     assert seen["cfg"] == replace(ex.PROFILES["budget"], bias_lr_scale=10.0)
+    seen.clear()
+    ex.main(["--profile", "budget", "--steps", "12000", "--arch", "decoder", "--pe", "none", "--out", str(tmp_path)])
+    assert seen["cfg"] == replace(ex.PROFILES["budget"], steps=12000, arch="decoder")
 
 
 def test_every_scheme_builds_for_the_course_profile():

@@ -1071,15 +1071,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=None, help="override the profile's peak learning rate (a sweep)")
     p.add_argument("--bias-lr-scale", type=float, default=None,
                    help="override the profile's learning-rate factor for score-bias tables (T5's)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="override the profile's number of updates (its cap, with mastery stopping); the learning-rate "
+                        "schedule decays over the new number")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     a = p.parse_args(argv)
     base = PROFILES[a.profile]
     try:
         cfg = replace(base, arch=a.arch, anchored=base.anchored and not a.unanchored, task=a.task or base.task,
                       lr=base.lr if a.lr is None else a.lr,
-                      bias_lr_scale=base.bias_lr_scale if a.bias_lr_scale is None else a.bias_lr_scale)  # fmt: skip
+                      bias_lr_scale=base.bias_lr_scale if a.bias_lr_scale is None else a.bias_lr_scale,
+                      steps=base.steps if a.steps is None else a.steps)  # fmt: skip
     except (TypeError, ValueError) as err:
-        p.error(f"--lr/--bias-lr-scale: {err}")
+        p.error(f"--lr/--bias-lr-scale/--steps: {err}")
     try:
         pes = all_runs(cfg.arch) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
     except (TypeError, ValueError) as err:
