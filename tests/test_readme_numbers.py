@@ -585,3 +585,19 @@ def test_readme_sizes_the_budget_runs_from_their_records():
     runs = {arch: len(re.search(rf"^{arch.upper()}=(.*)$", script, re.M).group(1).split(",")) for arch in ("encdec", "decoder")}
     assert (runs["encdec"] + runs["decoder"]) * (5 + 3) == 160
     assert "160 models of 3-11 minutes each on one thread, about 7 hours on" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_readme_quotes_the_12000_update_probe():
+    """The README's line on results/extrapolation_budget_12000: its cost and outcome, from the committed records."""
+    import glob
+
+    recs = {json.loads(Path(f).read_text())["pe"]: json.loads(Path(f).read_text())
+            for f in sorted(glob.glob(str(ROOT / "results/extrapolation_budget_12000/*_seed*.json")))}
+    assert set(recs) == {"none", "deberta", "t5-wide"} and {r["train"]["steps"] for r in recs.values()} == {12000}
+    cpu_min = sum(r["train"]["seconds"] for r in recs.values()) / 60
+    assert round(cpu_min) == 26 and max(r["train"]["seconds"] for r in recs.values()) / 60 < 16 < cpu_min
+    assert [recs[pe]["train"]["mastered"] for pe in ("deberta", "t5-wide", "none")] == [True, True, False]
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "(--steps\n# stretches the schedule; 26 CPU minutes, 16 min on 2 cores): DeBERTa and t5-wide master, no " \
+           "positions does not" in text
+    assert "--steps 12000 --pe none,deberta,t5-wide --seeds 1 --out results/extrapolation_budget_12000" in text
