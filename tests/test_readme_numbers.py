@@ -589,10 +589,9 @@ def test_readme_sizes_the_budget_runs_from_their_records():
 
 def test_readme_quotes_the_12000_update_probe():
     """The README's line on results/extrapolation_budget_12000: its cost and outcome, from the committed records."""
-    import glob
+    from posenc_lib.experiments.extrapolation import load_results
 
-    recs = {json.loads(Path(f).read_text())["pe"]: json.loads(Path(f).read_text())
-            for f in sorted(glob.glob(str(ROOT / "results/extrapolation_budget_12000/*_seed*.json")))}
+    recs = {r["pe"]: r for r in load_results(ROOT / "results" / "extrapolation_budget_12000")}
     assert set(recs) == {"none", "deberta", "t5-wide"} and {r["train"]["steps"] for r in recs.values()} == {12000}
     cpu_min = sum(r["train"]["seconds"] for r in recs.values()) / 60
     assert round(cpu_min) == 26 and max(r["train"]["seconds"] for r in recs.values()) / 60 < 16 < cpu_min
