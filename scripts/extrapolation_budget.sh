@@ -5,6 +5,8 @@
 # Finished models are skipped: run the script again to resume.
 #   bash scripts/extrapolation_budget.sh            # everything: 160 models of 8000 updates, about 7 hours on 2 cores
 #   SEEDS="0 1 2" TASKS=reverse bash scripts/extrapolation_budget.sh
+# Other work on the same cores while this runs: .venv/bin/python scripts/with_budget_paused.py COMMAND (stops the
+# training for it and records the pause, which the cost per model in lesson 13 and the README leaves out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

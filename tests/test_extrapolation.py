@@ -582,3 +582,53 @@ def test_training_minutes_subtract_every_recorded_pause(tmp_path):
                                                       "models": ["reverse/decoder/rope_seed0.json"]}))
     assert ex.pauses(tmp_path) == {"reverse/decoder/rope_seed0.json": 60.0}
     assert ex.training_minutes(tmp_path)["reverse/decoder/rope_seed0.json"] == 4.0
+
+
+def test_record_pause_appends_and_training_minutes_read_it(tmp_path):
+    import json
+
+    rec = tmp_path / "reverse" / "decoder" / "none_seed3.json"
+    rec.parent.mkdir(parents=True)
+    rec.write_text(json.dumps({"train": {"seconds": 400.0}}))
+    data = ex.record_pause(tmp_path, 100.4, "a", "b", ["reverse/decoder/none_seed3.json"])
+    assert data["pauses"] == [{"paused_seconds": 100, "from": "a", "to": "b", "models": ["reverse/decoder/none_seed3.json"]}]
+    ex.record_pause(tmp_path, 20, "c", "d", ["reverse/decoder/none_seed3.json"])
+    assert ex.training_minutes(tmp_path) == {"reverse/decoder/none_seed3.json": 280.0 / 60}
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["paused.json"]   # no temporary file left
+    # the older single-pause layout becomes a list, its pause kept
+    (tmp_path / "paused.json").write_text(json.dumps({"what": "w", "paused_seconds": 60, "from": "e", "to": "f",
+                                                      "models": ["reverse/decoder/none_seed3.json"]}))
+    data = ex.record_pause(tmp_path, 30, "g", "h", ["reverse/decoder/none_seed3.json"])
+    assert data["what"] == "w" and [p["paused_seconds"] for p in data["pauses"]] == [60, 30]
+    for bad_seconds in (-1, "5", True):
+        with pytest.raises(ValueError, match="seconds"):
+            ex.record_pause(tmp_path, bad_seconds, "a", "b", ["reverse/decoder/none_seed3.json"])
+    with pytest.raises(ValueError, match="none_seed3"):
+        ex.record_pause(tmp_path, 1, "a", "b", ["none_seed3"])
+    assert [p["paused_seconds"] for p in json.loads((tmp_path / "paused.json").read_text())["pauses"]] == [60, 30]
+
+
+def test_budget_processes_find_the_model_each_run_is_training(tmp_path):
+    proc, folder = tmp_path / "proc", tmp_path / "budget"
+
+    def process(pid, *args):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cmdline").write_bytes("\0".join(args).encode() + b"\0")
+
+    mod = "posenc_lib.experiments.extrapolation"
+    out = folder / "reverse" / "decoder"
+    out.mkdir(parents=True)
+    (out / "none_seed3.json").write_text("{}")   # finished: the next model of that run is in training
+    process(11, "python", "-m", mod, "--profile", "budget", "--arch", "decoder", "--pe", "none,rope", "--seeds", "3",
+            "--out", str(out), "--jobs", "1")
+    process(12, "python", "-m", mod, "--arch", "encdec", "--pe", "all", "--seeds", "4", "--out", str(folder / "copy" / "encdec"))
+    process(13, "python", "-m", mod, "--pe", "rope", "--out", str(tmp_path / "elsewhere"))   # writes elsewhere
+    process(14, "bash", "scripts/extrapolation_budget.sh")
+    (proc / "self").mkdir()
+    found = ex.budget_processes(folder, proc)
+    assert found == [{"pid": 11, "out": out.as_posix(), "model": "reverse/decoder/rope_seed3.json"},
+                     {"pid": 12, "out": (folder / "copy" / "encdec").as_posix(),
+                      "model": f"copy/encdec/{ex.all_runs('encdec')[0]}_seed4.json"}]
+    (out / "rope_seed3.json").write_text("{}")
+    assert ex.budget_processes(folder, proc)[0]["model"] is None   # all its models written
+    assert ex.budget_processes(folder, tmp_path / "no-proc") == []

@@ -832,6 +832,63 @@ def pauses(folder: str | Path) -> dict[str, float]:
     return found
 
 
+PAUSE_NOTE = ("training processes of these models were stopped (SIGSTOP) while other work used the cores, so their "
+              "recorded train seconds include the pause; subtract it for their cost "
+              "(posenc_lib.experiments.extrapolation.training_minutes does)")
+
+
+def record_pause(folder: str | Path, seconds: float, start: str, end: str, models: Sequence[str]) -> dict:
+    """Append one pause to ``folder/paused.json`` (made if missing, written atomically) and return the file's content.
+
+    ``models`` are the records in training during the pause, relative to ``folder`` (``TASK/ARCH/RUN_seedS.json``),
+    ``start`` and ``end`` its UTC times.  A file in the older single-pause layout is rewritten as a list."""
+    folder = Path(folder)
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0):
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+    bad = [m for m in models if not (isinstance(m, str) and m.endswith(".json") and m.count("/") == 2)]
+    if bad:
+        raise ValueError(f"models must be records relative to {folder} (TASK/ARCH/RUN_seedS.json), got {bad!r}")
+    path = folder / "paused.json"
+    data = read_json(path) if path.is_file() else {"what": PAUSE_NOTE, "pauses": []}
+    if "pauses" not in data:  # the older layout: one pause at the top level
+        data = {"what": data.get("what", PAUSE_NOTE),
+                "pauses": [{k: data[k] for k in ("paused_seconds", "from", "to", "models")}]}
+    data["pauses"].append({"paused_seconds": round(seconds), "from": start, "to": end, "models": list(models)})
+    atomic_write_json(path, data)
+    return data
+
+
+def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: str | Path = "/proc") -> list[dict]:
+    """This machine's running training processes (this module's command line) that write under ``folder`` (as
+    given to ``--out``), each as ``{"pid", "out", "model"}``; ``model`` is the first of its records not yet
+    written, relative to ``folder`` (the one in training), or None.  Reads Linux's ``/proc``; elsewhere it finds
+    none.  Give ``--jobs 1`` runs: the workers of ``--jobs N`` have other command lines."""
+    folder, proc, found = Path(folder), Path(proc), []
+    for entry in sorted(proc.iterdir(), key=lambda e: e.name) if proc.is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "posenc_lib.experiments.extrapolation" not in args or not any(a == "--out" for a in args):
+            continue
+        opts = dict(zip(args, args[1:]))
+        out = Path(opts["--out"])
+        if not (out == folder or folder in out.parents):
+            continue
+        pe_arg = opts.get("--pe", "all")
+        try:
+            pes = all_runs(opts.get("--arch", "encdec")) if pe_arg.strip().lower() == "all" else \
+                [run_name(x) for x in parse_list(pe_arg, "--pe")]
+        except (TypeError, ValueError):
+            pes = []
+        todo = (out / f"{pe}_seed{seed.strip()}.json" for seed in opts.get("--seeds", "0,1,2").split(",") for pe in pes)
+        model = next((path.relative_to(folder).as_posix() for path in todo if not path.exists()), None)
+        found.append({"pid": int(entry.name), "out": out.as_posix(), "model": model})
+    return found
+
+
 def training_minutes(folder: str | Path) -> dict[str, float]:
     """Minutes of training per committed model under ``folder`` (records at ``TASK/ARCH/RUN_seedS.json``, as the
     budget runs write them), less any recorded pause (:func:`pauses`): the cost of each model on one thread."""
