@@ -47,16 +47,22 @@ def main(argv: list[str]) -> int:
                 os.kill(p["pid"], signal.SIGSTOP)
                 stopped.append(p)
             except ProcessLookupError:  # it finished meanwhile
-                pass
+                continue
+            for worker in p["workers"]:  # the workers of --jobs N
+                try:
+                    os.kill(worker, signal.SIGSTOP)
+                except ProcessLookupError:
+                    pass
         rc = subprocess.call(argv)
     finally:
         for p in stopped:
-            try:
-                os.kill(p["pid"], signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            for pid in (*p["workers"], p["pid"]):
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
         seconds = time.monotonic() - t0
-        models = [p["model"] for p in stopped if p["model"]]
+        models = [m for p in stopped for m in p["models"]]
         if models:
             ex.record_pause(FOLDER, seconds, start, utc_now(), models)
         print(f"budget training stopped for {seconds:.0f} s: {', '.join(models) or 'none was running'}", file=sys.stderr)

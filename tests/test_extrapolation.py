@@ -608,27 +608,37 @@ def test_record_pause_appends_and_training_minutes_read_it(tmp_path):
     assert [p["paused_seconds"] for p in json.loads((tmp_path / "paused.json").read_text())["pauses"]] == [60, 30]
 
 
-def test_budget_processes_find_the_model_each_run_is_training(tmp_path):
+def test_budget_processes_find_the_models_each_run_is_training(tmp_path):
     proc, folder = tmp_path / "proc", tmp_path / "budget"
 
-    def process(pid, *args):
+    def process(pid, ppid, *args):
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "cmdline").write_bytes("\0".join(args).encode() + b"\0")
+        (proc / str(pid) / "stat").write_text(f"{pid} (py (x) y) S {ppid} 1 1 0 -1\n")
 
     mod = "posenc_lib.experiments.extrapolation"
     out = folder / "reverse" / "decoder"
     out.mkdir(parents=True)
     (out / "none_seed3.json").write_text("{}")   # finished: the next model of that run is in training
-    process(11, "python", "-m", mod, "--profile", "budget", "--arch", "decoder", "--pe", "none,rope", "--seeds", "3",
+    process(11, 1, "python", "-m", mod, "--profile", "budget", "--arch", "decoder", "--pe", "none,rope", "--seeds", "3",
             "--out", str(out), "--jobs", "1")
-    process(12, "python", "-m", mod, "--arch", "encdec", "--pe", "all", "--seeds", "4", "--out", str(folder / "copy" / "encdec"))
-    process(13, "python", "-m", mod, "--pe", "rope", "--out", str(tmp_path / "elsewhere"))   # writes elsewhere
-    process(14, "bash", "scripts/extrapolation_budget.sh")
+    process(12, 1, "python", "-m", mod, "--arch", "encdec", "--pe", "all", "--seeds", "4", "--out", str(folder / "copy" / "encdec"))
+    process(13, 1, "python", "-m", mod, "--pe", "rope", "--out", str(tmp_path / "elsewhere"))   # writes elsewhere
+    process(14, 1, "bash", "scripts/extrapolation_budget.sh")
+    # two workers: the first two records not written, scheme by scheme as the run takes them; its workers found
+    process(20, 1, "python", "-m", mod, "--arch", "decoder", "--pe", "none,rope,t5", "--seeds", "3,4", "--out", str(out),
+            "--jobs", "2")
+    process(21, 20, "python", "-c", "spawn_main")
+    process(22, 20, "python", "-c", "spawn_main")
+    process(23, 22, "python", "-c", "grandchild")
     (proc / "self").mkdir()
     found = ex.budget_processes(folder, proc)
-    assert found == [{"pid": 11, "out": out.as_posix(), "model": "reverse/decoder/rope_seed3.json"},
-                     {"pid": 12, "out": (folder / "copy" / "encdec").as_posix(),
-                      "model": f"copy/encdec/{ex.all_runs('encdec')[0]}_seed4.json"}]
+    assert found == [
+        {"pid": 11, "out": out.as_posix(), "models": ["reverse/decoder/rope_seed3.json"], "workers": []},
+        {"pid": 12, "out": (folder / "copy" / "encdec").as_posix(),
+         "models": [f"copy/encdec/{ex.all_runs('encdec')[0]}_seed4.json"], "workers": []},
+        {"pid": 20, "out": out.as_posix(), "models": ["reverse/decoder/none_seed4.json", "reverse/decoder/rope_seed3.json"],
+         "workers": [21, 22, 23]}]
     (out / "rope_seed3.json").write_text("{}")
-    assert ex.budget_processes(folder, proc)[0]["model"] is None   # all its models written
+    assert ex.budget_processes(folder, proc)[0]["models"] == []   # all its models written
     assert ex.budget_processes(folder, tmp_path / "no-proc") == []

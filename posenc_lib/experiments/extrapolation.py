@@ -860,10 +860,21 @@ def record_pause(folder: str | Path, seconds: float, start: str, end: str, model
 
 def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: str | Path = "/proc") -> list[dict]:
     """This machine's running training processes (this module's command line) that write under ``folder`` (as
-    given to ``--out``), each as ``{"pid", "out", "model"}``; ``model`` is the first of its records not yet
-    written, relative to ``folder`` (the one in training), or None.  Reads Linux's ``/proc``; elsewhere it finds
-    none.  Give ``--jobs 1`` runs: the workers of ``--jobs N`` have other command lines."""
+    given to ``--out``), each as ``{"pid", "out", "models", "workers"}``: ``models`` are the records in training,
+    relative to ``folder`` (the first ``--jobs`` of those not yet written, in the order the run takes them),
+    ``workers`` the pids of its descendants (the worker processes of ``--jobs N``).  Reads Linux's ``/proc``;
+    elsewhere it finds none."""
     folder, proc, found = Path(folder), Path(proc), []
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat") if proc.is_dir() else []:
+        try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+
+    def descendants(pid: int) -> list[int]:
+        return [d for c in sorted(children.get(pid, [])) for d in (c, *descendants(c))]
+
     for entry in sorted(proc.iterdir(), key=lambda e: e.name) if proc.is_dir() else []:
         if not entry.name.isdigit():
             continue
@@ -883,9 +894,12 @@ def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: 
                 [run_name(x) for x in parse_list(pe_arg, "--pe")]
         except (TypeError, ValueError):
             pes = []
-        todo = (out / f"{pe}_seed{seed.strip()}.json" for seed in opts.get("--seeds", "0,1,2").split(",") for pe in pes)
-        model = next((path.relative_to(folder).as_posix() for path in todo if not path.exists()), None)
-        found.append({"pid": int(entry.name), "out": out.as_posix(), "model": model})
+        seeds = [seed.strip() for seed in opts.get("--seeds", "0,1,2").split(",")]
+        todo = [path.relative_to(folder).as_posix() for pe in pes for seed in seeds   # run_all's order
+                for path in [out / f"{pe}_seed{seed}.json"] if not path.exists()]
+        jobs = int(opts["--jobs"]) if opts.get("--jobs", "").isdigit() else 1
+        found.append({"pid": int(entry.name), "out": out.as_posix(), "models": todo[:max(jobs, 1)],
+                      "workers": descendants(int(entry.name))})
     return found
 
 
