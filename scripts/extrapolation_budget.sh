@@ -3,7 +3,7 @@
 # (seeds 0..2), in rounds: reversal seed 0, copy seed 0, reversal seed 1, copy seed 1, ..., so that a stopped run
 # leaves whole seeds of both tasks behind.  The two architectures train side by side, one CPU thread each.
 # Finished models are skipped: run the script again to resume.
-#   bash scripts/extrapolation_budget.sh            # everything: 160 models of 8000 updates, about 7 hours on 2 cores
+#   bash scripts/extrapolation_budget.sh            # everything: 160 models of 8000 updates, about 6.3 hours on 2 cores
 #   SEEDS="0 1 2" TASKS=reverse bash scripts/extrapolation_budget.sh
 # Other work on the same cores while this runs: .venv/bin/python scripts/with_budget_paused.py COMMAND (stops the
 # training for it and records the pause, which the cost per model in lesson 13 and the README leaves out).
