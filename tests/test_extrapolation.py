@@ -642,3 +642,22 @@ def test_budget_processes_find_the_models_each_run_is_training(tmp_path):
     (out / "rope_seed3.json").write_text("{}")
     assert ex.budget_processes(folder, proc)[0]["models"] == []   # all its models written
     assert ex.budget_processes(folder, tmp_path / "no-proc") == []
+
+
+def test_with_budget_paused_returns_the_commands_status_and_records_nothing_without_training():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    paused = root / "results" / "extrapolation_budget" / "paused.json"
+    before = paused.read_bytes() if paused.exists() else None
+    if ex.budget_processes(root / "results" / "extrapolation_budget"):
+        pytest.skip("budget training is running on this machine")
+    run = subprocess.run([sys.executable, str(root / "scripts" / "with_budget_paused.py"), sys.executable, "-c",
+                          "raise SystemExit(3)"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3 and "none was running" in run.stderr
+    assert (paused.read_bytes() if paused.exists() else None) == before
+    usage = subprocess.run([sys.executable, str(root / "scripts" / "with_budget_paused.py")], capture_output=True,
+                           text=True, timeout=120)
+    assert usage.returncode == 2 and "with_budget_paused.py make test" in usage.stdout

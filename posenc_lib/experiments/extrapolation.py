@@ -862,8 +862,9 @@ def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: 
     """This machine's running training processes (this module's command line) that write under ``folder`` (as
     given to ``--out``), each as ``{"pid", "out", "models", "workers"}``: ``models`` are the records in training,
     relative to ``folder`` (the first ``--jobs`` of those not yet written, in the order the run takes them),
-    ``workers`` the pids of its descendants (the worker processes of ``--jobs N``).  Reads Linux's ``/proc``;
-    elsewhere it finds none."""
+    ``workers`` the pids of its descendants (the worker processes of ``--jobs N``).  A relative ``--out`` is read
+    from this process's working folder (the repository root, as the budget script runs).  Reads Linux's
+    ``/proc``; elsewhere it finds none."""
     folder, proc, found = Path(folder), Path(proc), []
     children: dict[int, list[int]] = {}
     for stat in proc.glob("[0-9]*/stat") if proc.is_dir() else []:
