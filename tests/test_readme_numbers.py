@@ -600,3 +600,9 @@ def test_readme_quotes_the_12000_update_probe():
     assert "(--steps\n# stretches the schedule; 26 CPU minutes, 16 min on 2 cores): DeBERTa and t5-wide master, no " \
            "positions does not" in text
     assert "--steps 12000 --pe none,deberta,t5-wide --seeds 1 --out results/extrapolation_budget_12000" in text
+    more = load_results(ROOT / "results" / "extrapolation_budget_12000_none")
+    assert sorted((r["pe"], r["seed"], r["train"]["steps"], r["train"]["mastered"]) for r in more) == \
+        [("none", 2, 12000, True), ("none", 3, 12000, True)]
+    assert all(round(r["train"]["seconds"] / 60) == 7 for r in more)
+    assert "No positions of seeds 2 and 3 (short at 8000 too) with 12000 updates: both master (7 min each, two at a time)" in text
+    assert "--steps 12000 --pe none --seeds 2,3 --out results/extrapolation_budget_12000_none --jobs 2" in text

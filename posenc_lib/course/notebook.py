@@ -121,6 +121,9 @@ RESULT_COMMANDS = {
     "results/extrapolation_budget_12000": "python -m posenc_lib.experiments.extrapolation --profile budget --task "
                                           "reverse --arch decoder --steps 12000 --pe none,deberta,t5-wide --seeds 1 "
                                           "--out results/extrapolation_budget_12000 --jobs 2",
+    "results/extrapolation_budget_12000_none": "python -m posenc_lib.experiments.extrapolation --profile budget "
+                                               "--task reverse --arch decoder --steps 12000 --pe none --seeds 2,3 "
+                                               "--out results/extrapolation_budget_12000_none --jobs 2",
     "results/passkey_trained": "python -m posenc_lib.experiments.passkey_trained --profile course --seeds 0,1,2,3,4 "
                                "--out results/passkey_trained --jobs 2",
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
