@@ -6,10 +6,11 @@ stop them for it:
 
     .venv/bin/python scripts/with_budget_paused.py make test
 
-Every training process writing under results/extrapolation_budget is stopped (SIGSTOP), the command
-runs, the processes continue (SIGCONT, also if the command fails or is interrupted), and the pause is
-appended to results/extrapolation_budget/paused.json with the models that were in training, so that
-extrapolation.training_minutes subtracts it.  The exit status is the command's.
+Every training process writing under one of the budget folders (FOLDERS: results/extrapolation_budget and
+results/extrapolation_budget_16000, the decoder-only reversal runs with 16000 updates) is stopped (SIGSTOP),
+the command runs, the processes continue (SIGCONT, also if the command fails or is interrupted), and the
+pause is appended to FOLDER/paused.json of each folder with the models that were in training there, so
+that extrapolation.training_minutes subtracts it.  The exit status is the command's.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from posenc_lib.experiments import extrapolation as ex  # noqa: E402
 
-FOLDER = Path("results/extrapolation_budget")
+#: the folders of budget runs (each laid out TASK/ARCH/RUN_seedS.json, each with its own paused.json)
+FOLDERS = (Path("results/extrapolation_budget"), Path("results/extrapolation_budget_16000"))
 
 
 def utc_now() -> str:
@@ -38,14 +40,14 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip())
         return 0 if argv else 2
     os.chdir(ROOT)
-    procs = ex.budget_processes(FOLDER)
+    procs = [(folder, p) for folder in FOLDERS for p in ex.budget_processes(folder)]
     start, t0 = utc_now(), time.monotonic()
     stopped = []
     try:
-        for p in procs:
+        for folder, p in procs:
             try:
                 os.kill(p["pid"], signal.SIGSTOP)
-                stopped.append(p)
+                stopped.append((folder, p))
             except ProcessLookupError:  # it finished meanwhile
                 continue
             for worker in p["workers"]:  # the workers of --jobs N
@@ -55,17 +57,20 @@ def main(argv: list[str]) -> int:
                     pass
         rc = subprocess.call(argv)
     finally:
-        for p in stopped:
+        for _, p in stopped:
             for pid in (*p["workers"], p["pid"]):
                 try:
                     os.kill(pid, signal.SIGCONT)
                 except ProcessLookupError:
                     pass
         seconds = time.monotonic() - t0
-        models = [m for p in stopped for m in p["models"]]
-        if models:
-            ex.record_pause(FOLDER, seconds, start, utc_now(), models)
-        print(f"budget training stopped for {seconds:.0f} s: {', '.join(models) or 'none was running'}", file=sys.stderr)
+        end, named = utc_now(), []
+        for folder in FOLDERS:
+            models = [m for f, p in stopped if f == folder for m in p["models"]]
+            if models:
+                ex.record_pause(folder, seconds, start, end, models)
+                named += [f"{folder.name}/{m}" for m in models]
+        print(f"budget training stopped for {seconds:.0f} s: {', '.join(named) or 'none was running'}", file=sys.stderr)
     return rc
 
 

@@ -639,6 +639,14 @@ def test_budget_processes_find_the_models_each_run_is_training(tmp_path):
          "models": [f"copy/encdec/{ex.all_runs('encdec')[0]}_seed4.json"], "workers": []},
         {"pid": 20, "out": out.as_posix(), "models": ["reverse/decoder/none_seed4.json", "reverse/decoder/rope_seed3.json"],
          "workers": [21, 22, 23]}]
+    # a relative --out is read from the training process's working folder (/proc/PID/cwd)
+    process(30, 1, "python", "-m", mod, "--arch", "decoder", "--pe", "t5", "--seeds", "0", "--out", "budget/reverse/decoder")
+    (proc / "30" / "cwd").symlink_to(tmp_path)
+    process(31, 1, "python", "-m", mod, "--arch", "decoder", "--pe", "t5", "--seeds", "0", "--out", "budget/reverse/decoder")
+    (proc / "31" / "cwd").symlink_to(tmp_path / "elsewhere")
+    relative = ex.budget_processes(folder, proc)[3:]
+    assert relative == [{"pid": 30, "out": "budget/reverse/decoder", "models": ["reverse/decoder/t5_seed0.json"],
+                         "workers": []}]
     (out / "rope_seed3.json").write_text("{}")
     assert ex.budget_processes(folder, proc)[0]["models"] == []   # all its models written
     assert ex.budget_processes(folder, tmp_path / "no-proc") == []
@@ -652,7 +660,13 @@ def test_with_budget_paused_returns_the_commands_status_and_records_nothing_with
     root = Path(__file__).resolve().parent.parent
     paused = root / "results" / "extrapolation_budget" / "paused.json"
     before = paused.read_bytes() if paused.exists() else None
-    if ex.budget_processes(root / "results" / "extrapolation_budget"):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("with_budget_paused", root / "scripts" / "with_budget_paused.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert Path("results/extrapolation_budget") in script.FOLDERS
+    if any(ex.budget_processes(root / folder) for folder in script.FOLDERS):
         pytest.skip("budget training is running on this machine")
     run = subprocess.run([sys.executable, str(root / "scripts" / "with_budget_paused.py"), sys.executable, "-c",
                           "raise SystemExit(3)"], capture_output=True, text=True, timeout=120)

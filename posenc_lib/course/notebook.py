@@ -117,6 +117,9 @@ RESULT_COMMANDS = {
     "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (both architectures, in rounds: reversal "
                                     "seed k, then copying seed k; reversal seeds 0-4, copying 0-2; run it again to "
                                     "resume)",
+    "results/extrapolation_budget_16000": "bash scripts/extrapolation_budget_16000.sh (decoder-only reversal, every "
+                                          "scheme, seeds 0-4, 16000 updates; one seed at a time; run it again to "
+                                          "resume)",
     "results/extrapolation_budget_4000": None,  # the first try at sizing the budget profile (4000 updates)
     "results/extrapolation_budget_12000": "python -m posenc_lib.experiments.extrapolation --profile budget --task "
                                           "reverse --arch decoder --steps 12000 --pe none,deberta,t5-wide --seeds 1 "

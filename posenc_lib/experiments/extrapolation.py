@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -863,9 +864,10 @@ def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: 
     given to ``--out``), each as ``{"pid", "out", "models", "workers"}``: ``models`` are the records in training,
     relative to ``folder`` (the first ``--jobs`` of those not yet written, in the order the run takes them),
     ``workers`` the pids of its descendants (the worker processes of ``--jobs N``).  A relative ``--out`` is read
-    from this process's working folder (the repository root, as the budget script runs).  Reads Linux's
-    ``/proc``; elsewhere it finds none."""
-    folder, proc, found = Path(folder), Path(proc), []
+    from the training process's working folder (``/proc/PID/cwd``; this process's where that cannot be read), a
+    relative ``folder`` from this process's.  Reads Linux's ``/proc``; elsewhere it finds none."""
+    proc, found = Path(proc), []
+    folder = (Path.cwd() / folder).resolve()  # an absolute folder stays itself
     children: dict[int, list[int]] = {}
     for stat in proc.glob("[0-9]*/stat") if proc.is_dir() else []:
         try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
@@ -886,7 +888,11 @@ def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: 
         if "posenc_lib.experiments.extrapolation" not in args or not any(a == "--out" for a in args):
             continue
         opts = dict(zip(args, args[1:]))
-        out = Path(opts["--out"])
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            cwd = Path.cwd()
+        out = (cwd / opts["--out"]).resolve()
         if not (out == folder or folder in out.parents):
             continue
         pe_arg = opts.get("--pe", "all")
@@ -899,7 +905,7 @@ def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: 
         todo = [path.relative_to(folder).as_posix() for pe in pes for seed in seeds   # run_all's order
                 for path in [out / f"{pe}_seed{seed}.json"] if not path.exists()]
         jobs = int(opts["--jobs"]) if opts.get("--jobs", "").isdigit() else 1
-        found.append({"pid": int(entry.name), "out": out.as_posix(), "models": todo[:max(jobs, 1)],
+        found.append({"pid": int(entry.name), "out": opts["--out"], "models": todo[:max(jobs, 1)],
                       "workers": descendants(int(entry.name))})
     return found
 
