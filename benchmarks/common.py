@@ -53,6 +53,9 @@ class BenchConfig:
     warmup: int = 1
     repeats: int = 5
     decode_repeats: int = 3
+    #: ``--decode-compile``: also time cached decoding with the compiled step (``greedy_decode(compile=True)``);
+    #: its first call per scheme compiles (recorded as ``compile_s``, outside the timed repeats)
+    decode_compile: bool = False
     device: str = "cpu"
     dtype: str = "float32"
 

@@ -4,7 +4,10 @@ For each scheme: encode a random source (``cfg.decode_batch`` x ``cfg.decode_src
 and decode exactly ``cfg.decode_new_tokens`` tokens greedily (the end-of-sequence
 id is None, so no run stops early).  Without the
 cache the whole prefix goes through the decoder at every step (quadratic in the
-output length); with it, one new token per step.  Both must give identical tokens.
+output length); with it, one new token per step.  Both must give identical tokens.  With
+``cfg.decode_compile`` the cached run is also timed with its step compiled (``greedy_decode(compile=True)``):
+the first call per scheme compiles and is timed on its own (``compile_s``); the timed repeats come after it,
+and its tokens must be identical too.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from posenc_lib import greedy_decode
 from .common import BenchConfig, log, make_model, random_tokens, rotated, summarise, timed
 
 NEVER = None  # no end-of-sequence id: every run decodes exactly decode_new_tokens
+COMPILED = "compiled"  # the cached run with its step compiled
 
 
 def bench_decode(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False) -> dict:
@@ -23,24 +27,35 @@ def bench_decode(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False
     models = {pe: make_model(pe, cfg).eval() for pe in schemes}
     tokens: dict[tuple[str, bool], torch.Tensor] = {}
 
-    def run(pe: str, use_cache: bool):
-        ys = greedy_decode(
-            models[pe], src, max_new_tokens=cfg.decode_new_tokens, bos_id=1, eos_id=NEVER, use_cache=use_cache
-        )
-        tokens[pe, use_cache] = ys
+    variants = (True, False, COMPILED) if cfg.decode_compile else (True, False)
 
-    times = {(pe, c): [] for pe in schemes for c in (True, False)}
+    def run(pe: str, variant):
+        ys = greedy_decode(
+            models[pe], src, max_new_tokens=cfg.decode_new_tokens, bos_id=1, eos_id=NEVER,
+            use_cache=variant is not False, compile=variant == COMPILED,
+        )  # fmt: skip
+        tokens[pe, variant] = ys
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and torch.equal(a, b)
+
+    times = {(pe, c): [] for pe in schemes for c in variants}
+    compile_s = {}
     for pe in schemes:
+        if cfg.decode_compile:  # the first compiled call compiles: timed on its own
+            compile_s[pe] = timed(lambda: run(pe, COMPILED), cfg.device)
         for _ in range(cfg.warmup):
-            run(pe, True)
-            run(pe, False)
+            for c in variants:
+                run(pe, c)
     mismatches = {pe: 0 for pe in schemes}
+    compiled_mismatches = {pe: 0 for pe in schemes}
     for r in range(cfg.decode_repeats):
         for pe in rotated(schemes, r):
-            for c in ((True, False) if r % 2 == 0 else (False, True)):
+            for c in (variants if r % 2 == 0 else variants[::-1]):
                 times[pe, c].append(timed(lambda: run(pe, c), cfg.device))
-            a, b = tokens[pe, True], tokens[pe, False]
-            mismatches[pe] += int(a.shape != b.shape or not torch.equal(a, b))
+            mismatches[pe] += int(not same(tokens[pe, True], tokens[pe, False]))
+            if cfg.decode_compile:
+                compiled_mismatches[pe] += int(not same(tokens[pe, COMPILED], tokens[pe, False]))
     for pe in schemes:
         ys = tokens[pe, True]
         cached, full = summarise(times[pe, True]), summarise(times[pe, False])
@@ -51,6 +66,12 @@ def bench_decode(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False
             "identical": mismatches[pe] == 0 and tuple(ys.shape) == (cfg.decode_batch, cfg.decode_new_tokens + 1),
             "new_tokens": int(ys.shape[1] - 1),
         }
+        if cfg.decode_compile:
+            comp = summarise(times[pe, COMPILED])
+            out["schemes"][pe].update(
+                compiled=comp, speedup_compiled=full["median_s"] / comp["median_s"], compile_s=compile_s[pe],
+                identical_compiled=compiled_mismatches[pe] == 0,
+            )  # fmt: skip
     ref_c, ref_u = out["schemes"]["none"]["cached"]["median_s"], out["schemes"]["none"]["uncached"]["median_s"]
     for pe in schemes:
         s = out["schemes"][pe]
@@ -61,6 +82,10 @@ def bench_decode(schemes: tuple[str, ...], cfg: BenchConfig, quiet: bool = False
         + ", ".join(f"{pe} {s['speedup']:.1f}x{'' if s['identical'] else ' (TOKENS DIFFER)'}" for pe, s in out["schemes"].items()),
         quiet,
     )
+    if cfg.decode_compile:
+        log("compiled cached step: " + ", ".join(
+            f"{pe} {s['speedup_compiled']:.1f}x{'' if s['identical_compiled'] else ' (TOKENS DIFFER)'}"
+            for pe, s in out["schemes"].items()), quiet)
     return out
 
 

@@ -11,7 +11,7 @@ TARGETS_256 = {"sinusoidal": 1.02, "rope": 1.10, "alibi": 1.15, "t5": 1.25, "sha
 #: goals (CPU, training-step ratio to ``none`` at length 1024): the price of leaving the fused kernel
 TARGETS_1024 = {"t5": 1.3, "alibi": 1.3, "shaw": 1.6, "deberta": 1.8, "xlnet": 2.0}
 TARGET_SHAW_MEMORY = 1.3  # peak memory at the memory length, ratio to none (the goal for every scheme)
-TARGET_CACHE_SPEEDUP = 5.0
+TARGET_CACHE_SPEEDUP = 7.0
 
 
 #: the lengths at which the goals of ``TARGETS_1024`` and the memory goal are held for every batch size (``--batches``)
@@ -163,11 +163,25 @@ def render_table(res: dict) -> str:
         c = res["decode"]["config"]
         lines += [f"## Greedy decoding, {c['decode_new_tokens']} new tokens, batch {c['decode_batch']}", "",
                   _provenance(res["decode"]), "",
-                  "| scheme | cache speed-up | cached, ratio to `none` | uncached, ratio to `none` | tokens identical |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+                  ]  # fmt: skip
+        compiled = all("speedup_compiled" in r for r in dr.values())
+        if compiled:
+            lines += ["| scheme | cache speed-up | compiled step: speed-up | compiling (s) | cached, ratio to `none` | "
+                      "uncached, ratio to `none` | tokens identical (cached / compiled) |", "|---|---|---|---|---|---|---|"]
+        else:
+            lines += ["| scheme | cache speed-up | cached, ratio to `none` | uncached, ratio to `none` | tokens identical |",
+                      "|---|---|---|---|---|"]
         for pe, r in dr.items():
-            lines.append(f"| {pe} | {r['speedup']:.1f}x | {_f(r['ratio_cached'])} | {_f(r['ratio_uncached'])} | {'yes' if r['identical'] else 'NO'} |")
-        lines += ["", f"Target: cached decoding >= {TARGET_CACHE_SPEEDUP:.0f}x faster than re-running the decoder.", ""]
+            same = "yes" if r["identical"] else "NO"
+            if compiled:
+                same += " / " + ("yes" if r["identical_compiled"] else "NO")
+                lines.append(f"| {pe} | {r['speedup']:.1f}x | {r['speedup_compiled']:.1f}x | {r['compile_s']:.0f} | "
+                             f"{_f(r['ratio_cached'])} | {_f(r['ratio_uncached'])} | {same} |")
+            else:
+                lines.append(f"| {pe} | {r['speedup']:.1f}x | {_f(r['ratio_cached'])} | {_f(r['ratio_uncached'])} | {same} |")
+        lines += ["", f"Goal: cached decoding >= {TARGET_CACHE_SPEEDUP:.0f}x faster than re-running the decoder"
+                  + (" (the compiled step: `greedy_decode(compile=True)`; compiling is done once per scheme, before the "
+                     "timed runs)." if compiled else "."), ""]
     return "\n".join(lines)
 
 
@@ -212,8 +226,14 @@ def render_figure(res: dict, path: Path) -> bool:
     if "decode" in res:
         dr = res["decode"]["results"]["schemes"]
         names = list(dr)
-        ax.bar(np.arange(len(names)), [dr[pe]["speedup"] for pe in names], color=plt.get_cmap("viridis")(0.55))
-        ax.axhline(TARGET_CACHE_SPEEDUP, color="0.3", lw=0.8, ls="--", label=f"target {TARGET_CACHE_SPEEDUP:.0f}x")
+        xs = np.arange(len(names))
+        if all("speedup_compiled" in dr[pe] for pe in names):
+            ax.bar(xs - 0.2, [dr[pe]["speedup"] for pe in names], 0.4, color=plt.get_cmap("viridis")(0.55), label="cached")
+            ax.bar(xs + 0.2, [dr[pe]["speedup_compiled"] for pe in names], 0.4, color=plt.get_cmap("viridis")(0.85),
+                   label="cached, compiled step")
+        else:
+            ax.bar(xs, [dr[pe]["speedup"] for pe in names], color=plt.get_cmap("viridis")(0.55))
+        ax.axhline(TARGET_CACHE_SPEEDUP, color="0.3", lw=0.8, ls="--", label=f"goal {TARGET_CACHE_SPEEDUP:.0f}x")
         ax.set_xticks(np.arange(len(names)))
         ax.set_xticklabels(names, rotation=45, ha="right")
         ax.legend()

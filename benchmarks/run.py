@@ -132,6 +132,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="timed repeats per figure (median reported)")
     p.add_argument("--decode-repeats", type=int, help="timed repeats per decoding figure")
     p.add_argument("--decode-batch", type=int, help="batch size of the decoding benchmark (default 32)")
+    p.add_argument("--decode-compile", action="store_true", help="also time cached decoding with the compiled step "
+                   "(greedy_decode(compile=True); compiling takes tens of seconds per scheme, outside the timings)")
     p.add_argument("--warmup", type=int, help="untimed warm-up runs per scheme")
     p.add_argument("--dropout", type=float, help="dropout of the model in the training benchmark")
     p.add_argument("--threads", type=int, default=available_cores(), help="torch threads (default: available cores)")
@@ -153,6 +155,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         "lengths": a.lengths, "memory_length": a.memory_length, "batch": a.batch, "batches": a.batches,
         "repeats": a.repeats,
         "decode_repeats": a.decode_repeats, "decode_batch": a.decode_batch, "warmup": a.warmup, "dropout": a.dropout,
+        "decode_compile": a.decode_compile or None,
     }  # fmt: skip
     over = {k: v for k, v in over.items() if v is not None}
     for k in ("memory_length", "batch", "repeats", "decode_repeats", "decode_batch"):

@@ -95,7 +95,7 @@ def check_float_range(
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
     v = float(value)
-    ok = np.isfinite(v) and (v > low if low_open else v >= low)
+    ok = math.isfinite(v) and (v > low if low_open else v >= low)
     if high is not None:
         ok = ok and (v < high if high_open else v <= high)
     if not ok:

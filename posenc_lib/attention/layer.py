@@ -119,13 +119,16 @@ FUSED_BLOCK_ROWS: int = 128
 
 
 def on_host(t: torch.Tensor) -> bool:
-    """True when reading ``t``'s values costs no device synchronisation (a CPU tensor).
+    """True when reading ``t``'s values costs no device synchronisation (a CPU tensor) and breaks no
+    compiled graph (not while :func:`torch.compile` traces).
 
     Checks that must look at values (token ids beyond the vocabulary, positions
     beyond a learned table) run only then; on an accelerator the read would stall
-    the device on every call, and the model's own positions never need it.
+    the device on every call, in a traced function it would split the graph, and the
+    model's own positions never need it (a compiled decoding step's caller checks lengths
+    with plain ints).
     """
-    return t.device.type == "cpu"
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 class PositionScheme(nn.Module):
@@ -509,6 +512,8 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     The buffers (``k_buf``, ``v_buf``: ``(batch, heads, capacity, head_dim)``) double when full, so a
     decoding step copies only its own row, not every earlier key (as growing by ``torch.cat`` would).
     Earlier keys/values handed in as ``cache["k"]``, ``cache["v"]`` are taken over as the buffers' start.
+    ``cache["capacity"]`` (set by :class:`~posenc_lib.models.seq2seq.DecoderCache` when the length is known):
+    the buffers are made at least that long.
     """
     if "k" in cache and "k_buf" not in cache:  # keys/values handed in as plain tensors: adopt them
         cache["k_buf"], cache["v_buf"] = cache.pop("k"), cache.pop("v")
@@ -516,7 +521,7 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     n, new = cache.get("len", 0), k.shape[2]
     buf = cache.get("k_buf")
     if buf is None or n + new > buf.shape[2] or buf.shape[:2] != k.shape[:2] or buf.dtype != k.dtype:
-        cap = max(2 * (n + new), 16)
+        cap = max(2 * (n + new), 16, cache.get("capacity", 0))
         k_buf = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
         v_buf = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
         if n:

@@ -102,12 +102,19 @@ class DecoderLayer(nn.Module):
 class DecoderCache:
     """Keys/values of every decoder layer during incremental decoding, and the next position."""
 
-    def __init__(self, num_layers: int):
-        self.layers = [{"self": {}, "cross": {}} for _ in range(num_layers)]
+    def __init__(self, num_layers: int, capacity: int | None = None):
+        """``capacity``: the number of positions the cache will hold, if known (a decoding loop's length):
+        key/value buffers and a scheme's distance tables are made that long at the first step, so that no
+        later step grows them (a compiled step then needs no new graph for a grown buffer).  ``None``: they
+        start small and double when full."""
+        if capacity is not None:
+            capacity = check_positive_int("capacity", capacity)
+        self.layers = [{"self": {} if capacity is None else {"capacity": capacity}, "cross": {}} for _ in range(num_layers)]
         self.offset = 0
         #: what a position scheme may keep from one decoding step to the next (projected relative
-        #: tables that depend only on its parameters and distances); the same for every batch row
-        self.scheme_state: dict = {}
+        #: tables that depend only on its parameters and distances); the same for every batch row.
+        #: ``"capacity"``: the cache's, when given
+        self.scheme_state: dict = {} if capacity is None else {"capacity": capacity}
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep batch rows ``index`` (beam search)."""
@@ -246,6 +253,22 @@ class Seq2SeqTransformer(nn.Module):
             raise ValueError(f"tgt has batch size {tgt.shape[0]} but memory (the encoded src) has shape "
                              f"{tuple(memory.shape)}: src and tgt must hold the same number of sequences")
         check_padding_mask("memory_key_padding_mask", memory_key_padding_mask, *memory.shape[:2])
+        return self.decode_unchecked(tgt, memory, memory_key_padding_mask, tgt_key_padding_mask, cache)
+
+    def decode_unchecked(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        memory_key_padding_mask: torch.Tensor | None = None,
+        tgt_key_padding_mask: torch.Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> torch.Tensor:
+        """:meth:`decode` without its checks of ids, lengths and masks: for a caller that has made them (a
+        decoding loop whose new tokens come from the model's own argmax), so that the step reads no value
+        back and :func:`torch.compile` traces it as one graph (:func:`~posenc_lib.models.decoding.greedy_decode`
+        with ``compile=True``)."""
+        offset = cache.offset if cache is not None else 0
+        t = tgt.shape[1]
         q_pos = torch.arange(offset, offset + t, device=tgt.device)
         k_pos = torch.arange(0, offset + t, device=tgt.device)
         x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)
@@ -274,8 +297,9 @@ class Seq2SeqTransformer(nn.Module):
             return (weight @ x.reshape(rows, x.shape[2]).t()).t().view(x.shape[0], x.shape[1], weight.shape[0])
         return x @ weight.t()
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(len(self.decoder))
+    def new_cache(self, capacity: int | None = None) -> DecoderCache:
+        """An empty :class:`DecoderCache` for this model's decoder (``capacity``: see the cache)."""
+        return DecoderCache(len(self.decoder), capacity)
 
     def forward(
         self,

@@ -145,9 +145,9 @@ class RotaryCache(nn.Module):
         """
         if self.scaling is not None and self.scaling["rope_type"] in LENGTH_DEPENDENT:
             return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling, seq_len)
-        if positions.device.type != "cpu":
+        if positions.device.type != "cpu" or torch.compiler.is_compiling():
             # growing the table reads positions.max() back, which would stall an accelerator on
-            # every forward: compute the rows directly (the same float32 numbers)
+            # every forward (and break a compiled graph): compute the rows directly (the same float32 numbers)
             return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling)
         need = int(positions.max()) + 1 if positions.numel() else 0
         if self._cos is None or self._cos.shape[0] < need or self._cos.device != positions.device:

@@ -37,6 +37,12 @@ def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0)
     """``(n, d_model)``: ``[sin(d * w), cos(d * w)]`` with ``w_k = base^(-2k/d_model)`` (XLNet layout)."""
     check_even("d_model", d_model)
     check_float_range("base", base, 1.0, low_open=True)
+    return _sinusoid(distances, d_model, base)
+
+
+def _sinusoid(distances: torch.Tensor, d_model: int, base: float) -> torch.Tensor:
+    """:func:`xlnet_sinusoid` without its checks (``d_model`` and ``base`` checked when the scheme was built):
+    a compiled decoding step traces no check of a number."""
     inv_freq = 1.0 / (base ** (torch.arange(0, d_model, 2, dtype=torch.float32, device=distances.device) / d_model))
     ang = distances.to(torch.float32)[:, None] * inv_freq[None, :]
     return torch.cat((ang.sin(), ang.cos()), dim=-1)
@@ -129,9 +135,9 @@ class XLNetRelative(PositionScheme):
         key = ("xlnet_r", layer, dtype)
         table = state.get(key)
         if table is None or table.shape[0] < k_len:
-            n = max(2 * k_len, 32)
+            n = max(2 * k_len, 32, state.get("capacity") or 0)  # the cache's length, when known: no later growth
             distances = torch.arange(n, device=self.r_proj.device)
-            table = xlnet_sinusoid(distances, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)
+            table = _sinusoid(distances, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)
             state[key] = table
         return table[:k_len]
 
