@@ -1,7 +1,10 @@
 """The README's cost table quotes benchmarks/results/*.json: check every number it shows."""
 import json
+
 import re
 from pathlib import Path
+
+from benchmarks.report import TARGET_CACHE_SPEEDUP
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -50,7 +53,7 @@ def test_readme_goals_at_1024_match_the_results():
     if missed:
         assert f"Missed: {', '.join(quote(pe) for pe in missed)}." in section
     else:
-        assert "Every time goal is met," in section and "Missed:" not in section
+        assert "Every time goal is met;" in section and "Missed:" not in section
     worst = max(r["ratio_peak"] for r in memory.values())
     assert worst <= 1.3 and f"at most {worst:.2f}×" in section
     doc = json.loads((RESULTS / "train.json").read_text())
@@ -82,9 +85,10 @@ def test_readme_decoding_claims_match_the_results():
     assert all(r["identical"] for r in res.values()) and all(r["identical"] for r in one["results"]["schemes"].values())
     speed = {pe: r["speedup"] for pe, r in res.items()}
     assert f"with two threads the cache is {min(speed.values()):.1f}–{max(speed.values()):.1f}× faster" in section
-    assert min(speed.values()) >= 5.0 and "(goal: ≥ 5× at batch 8; met by every" in section
+    assert min(speed.values()) >= 5.0 and "(the first goal, ≥ 5× at batch 8, met by every" in section
     assert min(speed, key=speed.get) == "learned" and speed["learned"] < 5.3 and "by learned with a thin margin" in section
-    assert "Every time goal is met, and so is the decoding goal" in section
+    assert max(speed.values()) < TARGET_CACHE_SPEEDUP == 7 and "the goal is now ≥ 7×" in section
+    assert "Every time goal is met; the decoding goal is not (5.2–6.1× above" in section
     second = {pe: r["speedup"] for pe, r in json.loads((RESULTS / "decode_second_run.json").read_text())["results"]["schemes"].items()}
     assert f"gave {min(second.values()):.1f}–{max(second.values()):.1f}×, learned {second['learned']:.1f}×:" in section
     assert min(second.values()) >= 5.0 and set(second) == set(speed)
@@ -606,3 +610,25 @@ def test_readme_quotes_the_12000_update_probe():
     assert all(round(r["train"]["seconds"] / 60) == 7 for r in more)
     assert "No positions of seeds 2 and 3 (short at 8000 too) with 12000 updates: both master (7 min each, two at a time)" in text
     assert "--steps 12000 --pe none --seeds 2,3 --out results/extrapolation_budget_12000_none --jobs 2" in text
+
+
+def test_readme_quotes_the_compiled_decoding_step_from_its_two_runs():
+    """The Xeon's decoding runs with --decode-compile: the eager and compiled speed-ups, the compile times, the one
+    reading at the goal and how far a scheme moved between the two runs, as the README's batch section says."""
+    runs = [json.loads((RESULTS / "batches" / f).read_text()) for f in ("decode.json", "decode_second_run.json")]
+    first, second = (r["results"]["schemes"] for r in runs)
+    schemes = [pe for pe in first if pe != "shaw_naive"]
+    assert all(r["config"]["decode_compile"] and r["config"]["decode_batch"] == 8 for r in runs)
+    assert all(r[pe]["identical"] and r[pe]["identical_compiled"] for r in (first, second) for pe in first)
+    span = lambda key, run: f"{min(run[pe][key] for pe in schemes):.1f}–{max(run[pe][key] for pe in schemes):.1f}×"  # noqa: E731
+    section = _cost_section()
+    assert f"Cached decoding gives {span('speedup', first)} on this machine" in section
+    assert f"every scheme's tokens identical) {span('speedup_compiled', first)}," in section
+    assert f"second run (`batches/decode_second_run.json`) {span('speedup_compiled', second)}, a scheme moving by up " \
+           f"to {max(abs(first[pe]['speedup_compiled'] - second[pe]['speedup_compiled']) for pe in schemes):.1f}" in section
+    compile_s = [first[pe]["compile_s"] for pe in schemes]
+    assert f"after {min(compile_s):.0f}–{max(compile_s):.0f} s of compiling per scheme" in section
+    reached = [(pe, i) for i, r in enumerate((first, second)) for pe in schemes if r[pe]["speedup_compiled"] >= TARGET_CACHE_SPEEDUP]
+    assert reached == [("deberta", 1)] and len(schemes) == 9
+    assert f"reached in {len(reached)} of those {2 * len(schemes)} readings (nine schemes, two runs; DeBERTa, second " \
+        "run): not met" in section

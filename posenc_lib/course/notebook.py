@@ -162,8 +162,9 @@ RESULT_COMMANDS = {
     "benchmarks/results": "python -m benchmarks.run --out benchmarks/results --overwrite",
     "benchmarks/results/batches": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,deberta "
                                   "--lengths 512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/batches, "
-                                  "then python -m benchmarks.run --only decode --decode-batch 8 --decode-repeats 3 "
-                                  "--out benchmarks/results/batches",
+                                  "then python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
+                                  "--decode-repeats 5 --out benchmarks/results/batches (decode_second_run.json: the "
+                                  "same decoding command again, its decode.json renamed)",
     "benchmarks/results/decode_profile.json": "python -m benchmarks.decode_profile --out benchmarks/results --overwrite",
     "benchmarks/results/train_speed.json": "python -m benchmarks.train_speed --out benchmarks/results/train_speed.json "
                                            "--overwrite",
