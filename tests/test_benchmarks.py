@@ -177,3 +177,27 @@ def test_batches_measure_train_and_memory_per_batch_size(tmp_path):
     assert "Across batch sizes" in table and "| B=1 | B=3 |" in table and "| shaw | 12 |" in table
     with pytest.raises(SystemExit):  # the batch files are replaced only with --overwrite
         main(common + ["--only", "train", "--batches", "1"])
+
+
+def test_the_table_shows_the_compiled_step_where_the_run_timed_it():
+    """benchmarks/results/batches was measured with --decode-compile: its table has the compiled step's speed-up,
+    compile time and token check per scheme, and the 7x goal; a run without it keeps the plain columns."""
+    import copy
+    from pathlib import Path
+
+    from benchmarks.report import TARGET_CACHE_SPEEDUP, load_results, render_table
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "batches"
+    res = load_results(folder)
+    table = render_table(res)
+    assert "| scheme | cache speed-up | compiled step: speed-up | compiling (s) |" in table
+    row = res["decode"]["results"]["schemes"]["deberta"]
+    assert (f"| deberta | {row['speedup']:.1f}x | {row['speedup_compiled']:.1f}x | {row['compile_s']:.0f} |" in table
+            and "yes / yes |" in table)
+    assert f"Goal: cached decoding >= {TARGET_CACHE_SPEEDUP:.0f}x" in table and TARGET_CACHE_SPEEDUP == 7
+    assert (folder / "table.md").read_text().strip() == table.strip()  # the committed table is this rendering
+    plain = copy.deepcopy(res)
+    for r in plain["decode"]["results"]["schemes"].values():
+        for key in ("compiled", "speedup_compiled", "compile_s", "identical_compiled"):
+            r.pop(key)
+    assert "compiled step" not in render_table(plain) and "| scheme | cache speed-up | cached, ratio" in render_table(plain)
