@@ -135,7 +135,7 @@ def greedy_decode(
             # compiled: buffers sized for the whole loop at once (one more than it fills, never exactly full), so
             # no step needs a graph of its own for a grown or a full buffer
             capacity = max_new_tokens + 1 if compile else None
-            cache = model.new_cache(capacity) if use_cache else None
+            cache = (model.new_cache() if capacity is None else model.new_cache(capacity)) if use_cache else None
             step_fn = _compiled_step(model) if compile else None
             inp = ys
             for step in range(max_new_tokens):
