@@ -51,9 +51,16 @@ def default_out() -> Path:
     return out
 
 
+#: profiler records of torch.compile's machinery around a compiled step (guards, the region, the bytecode before the
+#: graph): not operators, so their own time counts as outside operators
+_COMPILE_MACHINERY = ("TorchDynamo Cache Lookup", "Torch-Compiled Region", "Pregraph bytecode", "CompiledFunction")
+
+
 def _category(name: str, shapes, vocab: int) -> str | None:
-    """The category of one operator's own time; ``None`` for a wrapper whose time is its callees'."""
-    if name in ("aten::linear", "aten::matmul"):
+    """The category of one operator's own time; ``None`` for a wrapper whose time is its callees' or for
+    torch.compile's machinery (then it stays in "outside operators").  A compiled graph's own time (its generated
+    kernels: the fused layer norms, residual sums, activations) counts as other operators."""
+    if name in ("aten::linear", "aten::matmul") or any(name.startswith(m) for m in _COMPILE_MACHINERY):
         return None  # their work is the addmm / mm / bmm they call, counted there
     if name in ("aten::mm", "aten::addmm"):
         if any(s and vocab in (s[0], s[-1]) for s in shapes if isinstance(s, list)):  # x W^T or W x^T
@@ -69,9 +76,11 @@ def profile_scheme(pe: str, cfg: BenchConfig) -> dict:
     src = random_tokens(cfg, cfg.decode_batch, cfg.decode_src_len, seed=3)
 
     def run():
-        return greedy_decode(model, src, max_new_tokens=cfg.decode_new_tokens, bos_id=1, eos_id=None)
+        return greedy_decode(model, src, max_new_tokens=cfg.decode_new_tokens, bos_id=1, eos_id=None,
+                             compile=cfg.decode_compile)
 
-    run()  # warm-up
+    run()  # warm-up (with --compile: compiling)
+    run()
     walls = []
     for _ in range(3):
         t0 = time.perf_counter()
@@ -103,6 +112,8 @@ def main(argv=None) -> dict:
                    "the quick configuration's 2)")
     p.add_argument("--out", type=Path, default=None, help="folder for decode_profile.json (default: a new folder "
                    "runs/decode-profile-STAMP; --out benchmarks/results --overwrite publishes a run)")
+    p.add_argument("--compile", action="store_true", help="profile the compiled step (greedy_decode(compile=True)), "
+                   "compiled before the timed and profiled runs")
     p.add_argument("--quick", action="store_true", help="the suite's tiny configuration (seconds)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out/decode_profile.json")
     a = p.parse_args(argv)
@@ -121,6 +132,7 @@ def main(argv=None) -> dict:
         cfg = BenchConfig.quick() if a.quick else BenchConfig(decode_batch=8)
         if a.decode_batch is not None:  # with --quick too (it was ignored there)
             cfg = dataclasses.replace(cfg, decode_batch=a.decode_batch)
+        cfg = dataclasses.replace(cfg, decode_compile=a.compile)
     except (TypeError, ValueError) as e:
         p.error(str(e))
     torch.set_num_threads(a.threads)

@@ -632,3 +632,18 @@ def test_readme_quotes_the_compiled_decoding_step_from_its_two_runs():
     assert reached == [("deberta", 1)] and len(schemes) == 9
     assert f"reached in {len(reached)} of those {2 * len(schemes)} readings (nine schemes, two runs; DeBERTa, second " \
         "run): not met" in section
+
+
+def test_readme_quotes_the_profiles_of_the_cached_step_with_and_without_compiling():
+    eager, compiled = (json.loads((RESULTS / "batches" / f"decode_profile_{k}" / "decode_profile.json").read_text())
+                       for k in ("eager", "compiled"))
+    assert not eager["config"]["decode_compile"] and compiled["config"]["decode_compile"]
+    assert set(eager["results"]) == set(compiled["results"]) == {"none", "t5", "deberta"}
+    span = lambda doc, f: (min(f(r) for r in doc["results"].values()), max(f(r) for r in doc["results"].values()))  # noqa: E731
+    outside = [span(d, lambda r: 100 * r["shares"]["outside operators"]) for d in (eager, compiled)]
+    ms = [span(d, lambda r: r["ms_per_step"]) for d in (eager, compiled)]
+    section = _cost_section()
+    assert (f"falls from {outside[0][0]:.0f}–{outside[0][1]:.0f}% to {outside[1][0]:.0f}–{outside[1][1]:.0f}%, and the "
+            f"time per new token (encoding included) from {ms[0][0]:.2f}–{ms[0][1]:.2f} ms to {ms[1][0]:.2f}–"
+            f"{ms[1][1]:.2f} ms") in section
+    assert outside[1][1] < outside[0][0] and ms[1][1] < ms[0][0]

@@ -165,6 +165,12 @@ RESULT_COMMANDS = {
                                   "then python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                   "--decode-repeats 5 --out benchmarks/results/batches (decode_second_run.json: the "
                                   "same decoding command again, its decode.json renamed)",
+    "benchmarks/results/batches/decode_profile_eager": "python -m benchmarks.decode_profile --threads 2 --schemes "
+                                                       "none,t5,deberta --out benchmarks/results/batches/"
+                                                       "decode_profile_eager",
+    "benchmarks/results/batches/decode_profile_compiled": "python -m benchmarks.decode_profile --threads 2 --compile "
+                                                          "--schemes none,t5,deberta --out benchmarks/results/batches/"
+                                                          "decode_profile_compiled",
     "benchmarks/results/decode_profile.json": "python -m benchmarks.decode_profile --out benchmarks/results --overwrite",
     "benchmarks/results/train_speed.json": "python -m benchmarks.train_speed --out benchmarks/results/train_speed.json "
                                            "--overwrite",
