@@ -128,6 +128,10 @@ def test_decode_profile_splits_a_cached_step(tmp_path):
     assert _category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
     assert _category("aten::linear", [[2, 32], [32, 32]], vocab) is None
     assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"
+    # a compiled step: the machinery around the graph stays outside operators, the graph's own kernels are operators
+    for machinery in ("TorchDynamo Cache Lookup", "Torch-Compiled Region: 0/1", "Pregraph bytecode"):
+        assert _category(machinery, [], vocab) is None
+    assert _category("## Call CompiledFxGraph fzegegx3ix ##", [], vocab) == "other operators"
 
 
 def test_decode_profile_names_a_bad_scheme(tmp_path, capsys):
