@@ -647,3 +647,14 @@ def test_readme_quotes_the_profiles_of_the_cached_step_with_and_without_compilin
             f"time per new token (encoding included) from {ms[0][0]:.2f}–{ms[0][1]:.2f} ms to {ms[1][0]:.2f}–"
             f"{ms[1][1]:.2f} ms") in section
     assert outside[1][1] < outside[0][0] and ms[1][1] < ms[0][0]
+
+
+def test_readme_sizes_the_16000_update_grid_from_its_first_records():
+    folder = ROOT / "results" / "extrapolation_budget_16000" / "reverse" / "decoder"
+    seconds = [json.loads((folder / f"{pe}_seed1.json").read_text())["train"]["seconds"] for pe in ("none", "sinusoidal")]
+    assert all(json.loads((folder / f"{pe}_seed1.json").read_text())["config"]["steps"] == 16000 for pe in ("none", "sinusoidal"))
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").replace("\n# ", "\n").split())  # comment lines joined
+    assert f"seed 1: {seconds[0]:.0f} and {seconds[1]:.0f} s on one thread, two at a time): about 15 minutes per model" in text
+    per_model = sum(seconds) / len(seconds) / 60
+    assert round(per_model) == 15 and round(50 * per_model / 60) == 12 and round(50 * per_model / 120) == 6
+    assert "12 CPU hours, 6 hours on 2 cores" in text
