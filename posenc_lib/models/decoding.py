@@ -15,7 +15,7 @@ result is the same either way.
 
 ``compile=True`` runs each cached step as one graph compiled by :func:`torch.compile` (the step's
 embedding, decoder layers, output product and argmax), which removes most of the time a step spends
-between operators (Python, module calls, dispatch: about a quarter of a step at batch 8 on CPU,
+between operators (Python, module calls, dispatch: a quarter to a third of a step at batch 8 on CPU,
 ``benchmarks/decode_profile.py``).  The first call for a model compiles (tens of seconds on 2 CPU
 cores; compiled graphs are cached on disk for later processes), so it pays for long or repeated
 decoding, not for one sentence.  The tokens are those of the uncompiled step (checked for every scheme
@@ -55,8 +55,9 @@ def check_token_id(name: str, value, vocab_size: int) -> int:
     return int(value)
 
 
-#: the largest number of graphs :func:`torch.compile` keeps for the decoding step: a model needs a few (the
-#: first step, the steps that grow the cache's buffers, the others), and every model has its own
+#: the largest number of graphs :func:`torch.compile` keeps for the decoding step's code: a model needs two (the
+#: first step and the others, the cache being sized for the whole loop), but every model has its own and all share
+#: the one limit (torch's default, 8, would send the fifth model of a process back to the uncompiled step unnoticed)
 COMPILED_GRAPHS_LIMIT = 512
 
 #: the :func:`torch.compile` backend of the decoding step, and inductor's options for it: a C++ wrapper calls
@@ -120,7 +121,7 @@ def greedy_decode(
         raise ValueError("compile=True needs use_cache=True: only the cached step is compiled")
     was_training = model.training
     model.eval()
-    # the compiled step keeps a few graphs per model (first step, growing cache buffers): allow many models
+    # the compiled step keeps two graphs per model, all models under one limit: allow many models
     graphs = torch._dynamo.config.patch(recompile_limit=COMPILED_GRAPHS_LIMIT) if compile else contextlib.nullcontext()
     with graphs:
         try:
