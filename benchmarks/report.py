@@ -236,10 +236,15 @@ def render_figure(res: dict, path: Path) -> bool:
         ax.axhline(TARGET_CACHE_SPEEDUP, color="0.3", lw=0.8, ls="--", label=f"goal {TARGET_CACHE_SPEEDUP:.0f}x")
         ax.set_xticks(np.arange(len(names)))
         ax.set_xticklabels(names, rotation=45, ha="right")
-        ax.legend()
+        ax.set_ylim(0, max(TARGET_CACHE_SPEEDUP, *(dr[pe].get("speedup_compiled", dr[pe]["speedup"]) for pe in names)) * 1.3)
+        ax.legend(loc="upper left", ncol=3, fontsize=8)
         c = res["decode"]["config"]
         ax.set_title(f"Greedy decoding ({c['decode_new_tokens']} tokens): cache speed-up")
     ax.set_ylabel("uncached time / cached time")
+    for ax, part in zip(axes, ("train", "memory", "decode")):
+        if part not in res:  # a run of some parts only (e.g. the batch-size axis, whose table holds the rest)
+            ax.text(0.5, 0.5, f"no {part}.json in this run", ha="center", va="center", transform=ax.transAxes,
+                    color="0.4")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=110)
