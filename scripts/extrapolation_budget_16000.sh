@@ -3,8 +3,8 @@
 # the schedule stretched over the longer budget (--steps).  With 8000 updates (scripts/extrapolation_budget.sh)
 # nine of these fifty runs end short of mastery; this grid gives all of them the longer budget alike.  One seed
 # at a time, two models at once on one thread each, so that a stopped run leaves whole seeds behind; finished
-# models are skipped: run the script again to resume.  Sized from its first runs (no positions and sinusoidal,
-# seed 1: 865 and 885 s each, two at a time): about 15 minutes per model, 12 CPU hours, 6 hours on 2 cores.
+# models are skipped: run the script again to resume.  All fifty master.  Measured on seeds 0 and 2-4: 7-14 minutes
+# per model on one thread, two at a time; all 50 about 8 CPU hours, 4 hours on 2 cores.
 #   bash scripts/extrapolation_budget_16000.sh
 #   SEEDS="1 0" bash scripts/extrapolation_budget_16000.sh
 # Other work on the same cores while this runs: .venv/bin/python scripts/with_budget_paused.py COMMAND

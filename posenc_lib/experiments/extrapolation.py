@@ -265,7 +265,7 @@ COURSE = ExtrapolationConfig(name="course", steps=2000, mastery=0.99, bias_lr_sc
 #: 4000 updates (results/extrapolation_budget_4000): decoder-only NoPE ended at 0.925 on length 16
 #: and sinusoidal at 0.985 on length 13, still short of mastery.  8000 updates left 9 of the 50
 #: decoder-only reversal runs short as well, so that task and model trains with ``--steps 16000``
-#: (results/extrapolation_budget_16000), every scheme alike.
+#: (results/extrapolation_budget_16000), every scheme alike; there all 50 master.
 BUDGET = ExtrapolationConfig(name="budget", steps=8000, mastery=0.99, mastery_examples=200, stop_at_mastery=False,
                              check_every=500, bias_lr_scale=1.0, lr_floor=0.01)  # fmt: skip
 #: ``pilot``: the first version of the experiment (no anchor, library table sizes, 1200 updates with
