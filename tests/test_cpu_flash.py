@@ -14,8 +14,14 @@ def _explicit(q, k, v, mask, scale):
     return torch.softmax(q @ k.transpose(-1, -2) * scale + mask, dim=-1) @ v
 
 
+@pytest.mark.parametrize("written", [True, False])
 @pytest.mark.parametrize("mask_batch,mask_heads", [(1, 3), (2, 3), (2, 1), (1, 1)])
-def test_equals_the_explicit_softmax_with_gradients(mask_batch, mask_heads):
+def test_equals_the_explicit_softmax_with_gradients(mask_batch, mask_heads, written, monkeypatch):
+    """Both backward passes (written out, or the kernel's and then the mask's gradient) give the explicit gradients."""
+    monkeypatch.setattr(cpu_flash, "WRITTEN_BACKWARD", written)
+    taken = []
+    real = cpu_flash.attention_backward
+    monkeypatch.setattr(cpu_flash, "attention_backward", lambda *a, **k: taken.append(1) or real(*a, **k))
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 3, 7, 5, generator=g, requires_grad=True)
     k = torch.randn(2, 3, 9, 5, generator=g, requires_grad=True)
@@ -36,6 +42,7 @@ def test_equals_the_explicit_softmax_with_gradients(mask_batch, mask_heads):
         torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5, msg=name)
     assert results[1][4].shape == mask.shape
     assert (results[1][4][..., 0, 3] == 0).all()  # a masked entry gets no gradient
+    assert bool(taken) == written  # the flag chooses the backward pass
 
 
 @pytest.mark.parametrize("mask_batch", [1, 2])
@@ -93,7 +100,9 @@ def test_supported_only_for_float32_cpu_without_dropout():
 
 @pytest.mark.parametrize("pe", ["t5", "xlnet", "deberta", "shaw"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, monkeypatch):
+@pytest.mark.parametrize("written", [True, False])
+def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, written, monkeypatch):
+    monkeypatch.setattr(cpu_flash, "WRITTEN_BACKWARD", written)
     set_seed(0)
     model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
     g = torch.Generator().manual_seed(1)

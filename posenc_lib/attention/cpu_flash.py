@@ -16,6 +16,11 @@ extra pass: ``[q * scale, -lse] @ [k, 1]^T = q k^T * scale - lse`` and
 ``[dO, -D] @ [v, 1]^T = dP - D``.  Where the mask is shared over the batch (a bias), its gradient
 is summed over the batch block by block.
 
+Since ``P`` and ``dS`` are built anyway, the backward pass takes the other gradients from them too
+(:func:`attention_backward`): ``dv = P^T dO``, ``dq = dS k * scale``, ``dk = dS^T q * scale``, five matrix
+products per block in all, where the kernel's own backward pass would rebuild ``P`` and ``dS`` a second
+time (:data:`WRITTEN_BACKWARD`).
+
 Only for float32 CPU tensors without dropout (:func:`supported`); the attention module falls back to
 its explicit path otherwise.  On a GPU the same job is FlexAttention's (see ``flex.py``).
 
@@ -161,6 +166,51 @@ def mask_gradient(q, k, v, mask, dout, out, lse, scale: float, buffers=None) -> 
     return dmask
 
 
+#: The backward pass of a call whose mask needs a gradient: ``True`` writes it out block by block from the
+#: weights rebuilt once (``P``, ``dS = P * (dP - D)``, then ``dq``, ``dk``, ``dv`` and the mask's gradient
+#: from them: five matrix products), ``False`` runs the kernel's own backward pass and then
+#: :func:`mask_gradient` (the kernel rebuilds ``P`` and ``dS`` inside, and the mask's gradient rebuilds them again).
+WRITTEN_BACKWARD: bool = True
+
+
+def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: bool = True, buffers=None):
+    """``dq, dk, dv`` and ``dL/dmask`` (reduced to ``mask``'s shape; ``None`` unless ``want_mask``) of
+    ``softmax(q k^T * scale + mask) v``, written out over blocks of query rows from the kernel's ``out``
+    and row log-sum-exp ``lse``: each block's weights and ``dS`` are built once and serve all four gradients.
+
+    ``buffers``: as for :func:`mask_gradient`."""
+    b, h, q_len, _ = q.shape
+    k_len = k.shape[2]
+    ones = k.new_ones(k.shape[:-1])
+    qs = q * scale
+    qa, ka_t = _aug(qs, -lse), _aug(k, ones).transpose(-1, -2).contiguous()
+    da, va_t = _aug(dout, -(dout * out).sum(-1)), _aug(v, ones).transpose(-1, -2).contiguous()
+    rows = max(1, min(q_len, WORKSPACE_ELEMENTS // max(1, b * h * k_len)))
+    reduce_dims = [i for i in (0, 1) if mask.shape[i] == 1 and (b, h)[i] > 1]
+    if buffers is not None:
+        rows = q_len
+        ds_buf, p_buf = (_view(f, b, h, rows, k_len) for f in buffers)
+    else:
+        ds_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dmask = mask.new_empty(mask.shape) if want_mask else None
+    for start in range(0, q_len, rows):
+        end = min(start + rows, q_len)
+        p, ds = p_buf[:, :, : end - start], ds_buf[:, :, : end - start]
+        if want_mask and not reduce_dims:
+            ds = dmask[:, :, start:end]  # dS is the mask's gradient: built in place
+        torch.matmul(qa[:, :, start:end], ka_t, out=p)  # q k^T * scale - lse
+        p.add_(mask[:, :, start:end]).exp_()  # the attention weights P
+        dv.add_(p.transpose(-1, -2) @ dout[:, :, start:end])
+        torch.matmul(da[:, :, start:end], va_t, out=ds)  # dP - D
+        ds.mul_(p)  # dS
+        dq[:, :, start:end] = ds @ k
+        dk.add_(ds.transpose(-1, -2) @ qs[:, :, start:end])
+        if want_mask and reduce_dims:
+            dmask[:, :, start:end] = ds.sum(dim=reduce_dims, keepdim=True)
+    return dq.mul_(scale), dk, dv, dmask
+
+
 class _FlashWithMaskGrad(torch.autograd.Function):
     @staticmethod
     @_flushed
@@ -187,6 +237,8 @@ class _FlashWithMaskGrad(torch.autograd.Function):
         scale, blocks, want_mask = ctx.scale, ctx.blocks, ctx.needs_input_grad[3]
         dout = dout.contiguous()
         if blocks is None:
+            if want_mask and WRITTEN_BACKWARD:
+                return (*attention_backward(q, k, v, mask, dout, out, lse, scale), None, None)
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 dout, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=scale
             )
@@ -201,14 +253,19 @@ class _FlashWithMaskGrad(torch.autograd.Function):
             args = (q[:, :, start:end].contiguous(), k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
             m, do_b = mask[:, :, start:end, :n].contiguous(), dout[:, :, start:end]
             o_b, l_b = out[:, :, start:end].contiguous(), lse[:, :, start:end].contiguous()
-            dq_b, dk_b, dv_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                do_b, *args, o_b, l_b, 0.0, False, attn_mask=m, scale=scale
-            )
+            if want_mask and WRITTEN_BACKWARD:
+                dq_b, dk_b, dv_b, dmask[:, :, start:end, :n] = attention_backward(
+                    *args, m, do_b, o_b, l_b, scale, buffers=buffers
+                )
+            else:
+                dq_b, dk_b, dv_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    do_b, *args, o_b, l_b, 0.0, False, attn_mask=m, scale=scale
+                )
+                if want_mask:
+                    dmask[:, :, start:end, :n] = mask_gradient(*args, m, do_b, o_b, l_b, scale, buffers=buffers)
             dq[:, :, start:end] = dq_b
             dk[:, :, :n].add_(dk_b)
             dv[:, :, :n].add_(dv_b)
-            if want_mask:
-                dmask[:, :, start:end, :n] = mask_gradient(*args, m, do_b, o_b, l_b, scale, buffers=buffers)
         return dq, dk, dv, dmask, None, None
 
 
@@ -368,10 +425,13 @@ class _FlashScores(torch.autograd.Function):
             leaves = [t.detach().requires_grad_(need) for t, need in zip([q, k, *parts], needs)]
             mask = ctx.build(*leaves)  # the block's mask again, now with its graph
         m = mask.detach()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, False, attn_mask=m, scale=ctx.scale
-        )
-        dm = mask_gradient(q, k, v, m, dout, out, lse, ctx.scale)
+        if WRITTEN_BACKWARD:
+            dq, dk, dv, dm = attention_backward(q, k, v, m, dout, out, lse, ctx.scale)
+        else:
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dout, q, k, v, out, lse, 0.0, False, attn_mask=m, scale=ctx.scale
+            )
+            dm = mask_gradient(q, k, v, m, dout, out, lse, ctx.scale)
         wanted = [t for t in leaves if t.requires_grad]
         grads = iter(torch.autograd.grad(mask, wanted, dm, allow_unused=True))
         g = [next(grads) if t.requires_grad else None for t in leaves]
