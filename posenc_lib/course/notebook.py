@@ -165,6 +165,10 @@ RESULT_COMMANDS = {
                                   "then python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                   "--decode-repeats 5 --out benchmarks/results/batches (decode_second_run.json: the "
                                   "same decoding command again, its decode.json renamed)",
+    "benchmarks/results/batches_epyc": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,"
+                                       "deberta --lengths 512,1024 --batches 1,2,8,16 --repeats 3 --out "
+                                       "benchmarks/results/batches_epyc (the batch axis again, on the AMD EPYC of the "
+                                       "main run, after the fused path's backward pass was written out)",
     "benchmarks/results/batches/decode_profile_eager": "python -m benchmarks.decode_profile --threads 2 --schemes "
                                                        "none,t5,deberta --out benchmarks/results/batches/"
                                                        "decode_profile_eager",
