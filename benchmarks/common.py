@@ -142,6 +142,25 @@ def machine_info(device: str = "cpu") -> dict:
     return info
 
 
+def attention_settings() -> dict:
+    """The attention module's switches and thresholds at measuring time: they choose how each call is computed
+    (fused or explicit, block sizes, the backward pass), so a result records the ones it was measured with."""
+    from posenc_lib.attention import cpu_flash, layer
+    from posenc_lib.schemes import t5
+
+    return {
+        "layer.BLOCK_ELEMENTS": layer.BLOCK_ELEMENTS,
+        "layer.CPU_FLASH": layer.CPU_FLASH,
+        "layer.FUSED_MIN_ELEMENTS": layer.FUSED_MIN_ELEMENTS,
+        "layer.FLUSH_MIN_ELEMENTS": layer.FLUSH_MIN_ELEMENTS,
+        "layer.FUSED_BLOCK_ROWS": layer.FUSED_BLOCK_ROWS,
+        "cpu_flash.WORKSPACE_ELEMENTS": cpu_flash.WORKSPACE_ELEMENTS,
+        "cpu_flash.WRITTEN_BACKWARD": cpu_flash.WRITTEN_BACKWARD,
+        "cpu_flash.BACKWARD_BLOCK_ROWS": cpu_flash.BACKWARD_BLOCK_ROWS,
+        "t5.TOEPLITZ_MIN_ELEMENTS": t5.TOEPLITZ_MIN_ELEMENTS,
+    }
+
+
 class ShawNaive(ShawRelative):
     """Shaw et al. computed the textbook way: gather the tables into ``(L_q, L_k, d)``, then contract.
 

@@ -23,7 +23,9 @@ import torch
 from posenc_lib.utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message,
                               refuse_overwrite)
 
-from .common import ALL_SCHEMES, DTYPES, VALID_SCHEMES, BenchConfig, available_cores, check_schemes, log, machine_info
+from .common import (
+    ALL_SCHEMES, DTYPES, VALID_SCHEMES, BenchConfig, attention_settings, available_cores, check_schemes, log, machine_info,
+)
 from .decode import bench_decode
 from .memory import bench_memory, bench_memory_batches
 from .report import write_report
@@ -235,6 +237,7 @@ def _run(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
             "quick": a.quick,
             "machine": machine,
             "config": cfg.as_dict(),
+            "attention_settings": attention_settings(),
             "schemes": list(schemes),
             "wall_s": None,
             "results": results,

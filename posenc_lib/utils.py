@@ -277,11 +277,45 @@ def toeplitz_bias(values: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
     ``values`` -> ``(1, heads, q_len, k_len)`` float32, ``bias[0, h, i, j] = values[j - i + q_len - 1, h]``.
 
     Same values as :func:`table_bias` with ``index[i, j] = j - i + q_len - 1``, built as overlapping windows
-    of one vector (``unfold``), so the gradient sums along each diagonal in one pass instead of through an
-    index of ``q_len * k_len`` rows (the embedding backward of :func:`table_bias` sorts them)."""
+    of one vector (``unfold``); the gradient is summed along each diagonal (:func:`diagonal_sums`) instead of
+    through an index of ``q_len * k_len`` rows (the embedding backward of :func:`table_bias` sorts them)."""
     if values.shape[0] != q_len + k_len - 1:
         raise ValueError(f"values must have q_len + k_len - 1 = {q_len + k_len - 1} rows, got {values.shape[0]}")
-    return values.float().t().contiguous().unfold(-1, k_len, 1).flip(-2).contiguous()[None]
+    return _Toeplitz.apply(values.float().t().contiguous(), k_len)
+
+
+#: :func:`diagonal_sums` of a tall gradient works through blocks of at most this many rows (a few MB of buffer)
+DIAGONAL_ROWS = 128
+
+
+def diagonal_sums(grad: torch.Tensor) -> torch.Tensor:
+    """``(heads, rows, n) -> (heads, rows + n - 1)``: ``out[h, j - i + rows - 1] = sum of grad[h, i, j]`` along
+    each diagonal (the gradient of a bias laid out from one value per offset ``j - i``).
+
+    Each block of rows is copied into a zeroed ``(heads, block, block + n - 1)`` buffer through a view whose row
+    stride is one less than the buffer's, which puts each diagonal in one column; a sum over rows finishes it."""
+    h, rows, n = grad.shape
+    out = grad.new_zeros(h, rows + n - 1)
+    for start in range(0, rows, DIAGONAL_ROWS):
+        end = min(start + DIAGONAL_ROWS, rows)
+        r = end - start
+        width = r + n - 1
+        buf = grad.new_zeros(h, r, width)
+        buf.as_strided((h, r, n), (r * width, width - 1, 1), r - 1).copy_(grad[:, start:end])
+        out[:, rows - end : rows - end + width] += buf.sum(1)  # block rows start:end sit at offsets from rows - end
+    return out
+
+
+class _Toeplitz(torch.autograd.Function):
+    """``window (heads, q_len + n - 1) -> (1, heads, q_len, n)``, ``out[0, h, i, j] = window[h, j - i + q_len - 1]``."""
+
+    @staticmethod
+    def forward(ctx, window, n: int):
+        return window.unfold(-1, n, 1).flip(-2).contiguous()[None]
+
+    @staticmethod
+    def backward(ctx, grad):
+        return diagonal_sums(grad[0]), None
 
 
 def consecutive(pos: torch.Tensor) -> bool:

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from benchmarks.common import ALL_SCHEMES, NAIVE_SHAW, BenchConfig, ShawNaive, make_model, random_tokens
+from benchmarks.common import ALL_SCHEMES, NAIVE_SHAW, BenchConfig, ShawNaive, attention_settings, make_model, random_tokens
 from benchmarks.run import SCHEMA, main
 
 
@@ -13,6 +13,7 @@ def _load(path):
     for key in ("torch", "torch_threads", "cpu_model", "cores_available", "device"):
         assert key in doc["machine"]
     assert doc["config"]["d_model"] == BenchConfig.quick().d_model
+    assert doc["attention_settings"] == attention_settings()  # what chose each call's computation
     return doc
 
 
@@ -205,3 +206,13 @@ def test_the_table_shows_the_compiled_step_where_the_run_timed_it():
         for key in ("compiled", "speedup_compiled", "compile_s", "identical_compiled"):
             r.pop(key)
     assert "compiled step" not in render_table(plain) and "| scheme | cache speed-up | cached, ratio" in render_table(plain)
+
+
+def test_attention_settings_name_the_switches_that_choose_the_computation(monkeypatch):
+    from posenc_lib.attention import cpu_flash
+
+    settings = attention_settings()
+    assert settings["cpu_flash.WRITTEN_BACKWARD"] is True and settings["layer.FUSED_BLOCK_ROWS"] == 128
+    monkeypatch.setattr(cpu_flash, "BACKWARD_BLOCK_ROWS", None)
+    assert attention_settings()["cpu_flash.BACKWARD_BLOCK_ROWS"] is None
+

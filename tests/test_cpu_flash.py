@@ -4,7 +4,7 @@ uses it for blocked calls of the score and bias schemes and gives the same loss 
 import pytest
 import torch
 
-from posenc_lib import build_model, set_seed
+from posenc_lib import build_model, make_scheme, set_seed
 from posenc_lib.attention import cpu_flash
 from posenc_lib.attention import layer as attention
 from posenc_lib.attention.layer import MultiHeadAttention
@@ -160,7 +160,7 @@ SCORE_AND_BIAS = ["t5", "shaw", "xlnet", "deberta", "alibi", "fire", "kerple", "
 def _spy_paths(monkeypatch):
     """Record which fused CPU function each attention call used."""
     calls = []
-    for name in ("flash_attention", "flash_scores", "shaw_attention"):
+    for name in ("flash_attention", "flash_scores", "shaw_attention", "flash_blocks"):
         real = getattr(cpu_flash, name)
         monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     return calls
@@ -233,7 +233,8 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     with torch.no_grad():
         assert mha._query_blocks(q, n, path, scheme, ctx, bias) is None  # inference: the explicit path as before
     assert mha._query_blocks(q, n, path, scheme, ctx, bias, 0.1) is None  # dropout: explicit
-    assert mha._query_blocks(q[:, :, : n // 2], n, path, scheme, ctx, bias) is None  # below the crossover
+    below = (attention.FUSED_MIN_ELEMENTS - 1) // (b * 4 * n)  # query rows of a call just below the crossover
+    assert mha._query_blocks(q[:, :, :below], n, path, scheme, ctx, bias) is None
 
 
 def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch):
@@ -245,3 +246,85 @@ def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch)
     ctx = scheme.prepare(torch.arange(6), torch.arange(6))
     path = attention.choose_attention_path(scheme, q_len=6, k_len=6, causal=False, padded=False)
     assert MultiHeadAttention(32, 4)._query_blocks(q, 6, path, scheme, ctx, None) is None
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("rows", [128, 4])
+def test_t5_offset_values_laid_out_per_block_give_the_same_loss_and_gradients(padded, rows, monkeypatch):
+    """T5 over consecutive positions (one bias value per offset): a causal training call on the fused path lays
+    out each query block's rows of the bias from those values (flash_blocks, no whole bias), the encoder's
+    calls use the whole bias (flash_attention); the loss and every gradient equal the explicit softmax's."""
+    from posenc_lib.schemes import t5 as t5_module
+
+    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", rows)
+    set_seed(0)
+    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 12), generator=g)
+    pads = {}
+    if padded:
+        src_pad, tgt_pad = torch.zeros(3, 13, dtype=torch.bool), torch.zeros(3, 11, dtype=torch.bool)
+        src_pad[0, 9:], tgt_pad[1, 7:] = True, True
+        pads = dict(src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)
+    calls = _spy_paths(monkeypatch)
+    results = {}
+    for fused_min in (None, 3 * 4 * 11 * 11):
+        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+        calls.clear()
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss.backward()
+        results[fused_min] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        if fused_min is None:
+            assert calls == []
+        else:
+            assert calls.count("flash_blocks") == 2  # the decoder's two causal layers, every block in one call
+            assert "flash_scores" not in calls
+            assert "flash_attention" in calls  # the encoder: the whole bias
+    (loss_e, grads_e), (loss_f, grads_f) = results.values()
+    torch.testing.assert_close(loss_f, loss_e, atol=1e-6, rtol=1e-5)
+    assert grads_f.keys() == grads_e.keys()
+    for name, grad in grads_e.items():
+        torch.testing.assert_close(grads_f[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_t5_offset_values_lay_out_the_same_bias():
+    """The per-block layout of T5's offset values equals the whole bias, rows and keys of every block."""
+    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.schemes import t5 as t5_module
+
+    set_seed(0)
+    scheme = make_scheme("t5", 32, 4, 1, causal=True)
+    q_pos, k_pos = torch.arange(5, 1029), torch.arange(1029)  # the newest 1024 of 1029 keys
+    ctx = scheme.prepare(q_pos, k_pos)
+    assert "bias" not in ctx and "offset_values" in ctx  # large and consecutive: laid out on demand
+    values = scheme.offset_bias(ctx)
+    whole = scheme.bias(ctx, 0)
+    torch.testing.assert_close(whole, scheme.compute_bias(q_pos, k_pos), rtol=0, atol=0)
+    buckets = scheme.buckets(q_pos, k_pos)
+    torch.testing.assert_close(whole[0], scheme.relative_attention_bias.weight[buckets].permute(2, 0, 1), rtol=0, atol=0)
+    assert t5_module.TOEPLITZ_MIN_ELEMENTS <= 4 * 1024 * 1029
+    for start, end, n in [(0, 128, 133), (128, 256, 1029), (1000, 1024, 1029), (7, 9, 3)]:
+        block = _offset_block(1024, start, end, n, None, None, None, values)
+        torch.testing.assert_close(block, whole[:, :, start:end, :n], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch_mask", [False, True])
+def test_offset_rows_gradient_sums_each_diagonal(batch_mask):
+    """_OffsetRows' written-out backward pass (each diagonal summed through a strided buffer) equals autograd's
+    through a gather of the same entries, masked entries getting no gradient."""
+    from posenc_lib.attention.layer import _offset_block
+
+    g = torch.Generator().manual_seed(0)
+    q_len, k_len, start, end, n = 9, 11, 3, 7, 8
+    values = torch.randn(4, q_len + k_len - 1, generator=g, requires_grad=True)
+    allowed = torch.rand(2 if batch_mask else 1, 1, end - start, n, generator=g) > 0.3
+    out = _offset_block(q_len, start, end, n, allowed, None, None, values)
+    i, j = torch.arange(start, end)[:, None], torch.arange(n)[None]
+    ref = values[:, j - i + q_len - 1][None].masked_fill(~allowed, float("-inf"))
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    grad = torch.randn(out.shape, generator=g)
+    (mine,) = torch.autograd.grad(out, values, grad)
+    (theirs,) = torch.autograd.grad(ref, values, grad)
+    torch.testing.assert_close(mine, theirs)

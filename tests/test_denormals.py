@@ -190,3 +190,18 @@ def test_the_mode_reaches_torchs_worker_threads(two_threads):
     with cpu_flash.flush_denormals():
         assert ((x * 1.0) == 0).all()
     assert ((x * 1.0) > 0).all()
+
+
+@pytest.mark.parametrize("block", [3, 128])
+@pytest.mark.parametrize("rows,n", [(8, 5), (5, 8), (1, 4), (7, 1)])
+def test_diagonal_sums_add_each_diagonal(rows, n, block, monkeypatch):
+    """diagonal_sums (in blocks of DIAGONAL_ROWS rows) equals the sum of every entry with the same j - i."""
+    from posenc_lib import utils
+
+    monkeypatch.setattr(utils, "DIAGONAL_ROWS", block)
+    grad = torch.randn(3, rows, n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    expected = torch.zeros(3, rows + n - 1, dtype=torch.float64)
+    for i in range(rows):
+        for j in range(n):
+            expected[:, j - i + rows - 1] += grad[:, i, j]
+    torch.testing.assert_close(utils.diagonal_sums(grad), expected)

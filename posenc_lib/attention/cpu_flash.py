@@ -21,6 +21,10 @@ Since ``P`` and ``dS`` are built anyway, the backward pass takes the other gradi
 products per block in all, where the kernel's own backward pass would rebuild ``P`` and ``dS`` a second
 time (:data:`WRITTEN_BACKWARD`).
 
+Where every query block's mask is laid out from the same small tensors (T5's one value per offset),
+:func:`flash_blocks` runs all blocks of a call in one autograd node and builds each block's mask when it is
+needed, in the forward pass and again in the backward pass, so no whole mask is ever written.
+
 Only for float32 CPU tensors without dropout (:func:`supported`); the attention module falls back to
 its explicit path otherwise.  On a GPU the same job is FlexAttention's (see ``flex.py``).
 
@@ -173,6 +177,21 @@ def mask_gradient(q, k, v, mask, dout, out, lse, scale: float, buffers=None) -> 
 WRITTEN_BACKWARD: bool = True
 
 
+#: :func:`attention_backward` builds the weights ``P`` and ``dS`` of at most this many query rows at a time (fewer
+#: where :data:`WORKSPACE_ELEMENTS` asks for less).  Blocks of a few MB stay in cache between the five products and
+#: the element-wise steps that read them; a whole call in one block (up to :data:`WORKSPACE_ELEMENTS` scores, 64 MB)
+#: goes out to memory at every step.  Backward pass of one fused call (8 heads, head size 32, a mask shared over the
+#: batch, 2 threads), blocks of 256 rows against one block: 0.74 of the time at batch 2, L = 1024; 0.76 at batch 8,
+#: L = 512; 0.84 at batch 1, L = 2048; 0.96 at batch 1, L = 1024.  ``None``: no limit but the workspace.
+BACKWARD_BLOCK_ROWS: int | None = 256
+
+
+def _backward_rows(row_elements: int, q_len: int) -> int:
+    """Query rows per block of :func:`attention_backward` for rows of ``row_elements`` scores each."""
+    rows = min(q_len, WORKSPACE_ELEMENTS // max(1, row_elements))
+    return max(1, rows if BACKWARD_BLOCK_ROWS is None else min(rows, BACKWARD_BLOCK_ROWS))
+
+
 def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: bool = True, buffers=None):
     """``dq, dk, dv`` and ``dL/dmask`` (reduced to ``mask``'s shape; ``None`` unless ``want_mask``) of
     ``softmax(q k^T * scale + mask) v``, written out over blocks of query rows from the kernel's ``out``
@@ -185,10 +204,9 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
     qs = q * scale
     qa, ka_t = _aug(qs, -lse), _aug(k, ones).transpose(-1, -2).contiguous()
     da, va_t = _aug(dout, -(dout * out).sum(-1)), _aug(v, ones).transpose(-1, -2).contiguous()
-    rows = max(1, min(q_len, WORKSPACE_ELEMENTS // max(1, b * h * k_len)))
+    rows = _backward_rows(b * h * k_len, q_len)
     reduce_dims = [i for i in (0, 1) if mask.shape[i] == 1 and (b, h)[i] > 1]
     if buffers is not None:
-        rows = q_len
         ds_buf, p_buf = (_view(f, b, h, rows, k_len) for f in buffers)
     else:
         ds_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
@@ -450,3 +468,62 @@ def flash_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     not a second forward pass of the kernel (which ``torch.utils.checkpoint`` would repeat).
     """
     return _FlashScores.apply(q, k, v, scale, build, *parts)
+
+
+# -- blocks of queries whose masks are laid out from the same small parts: one autograd node for all ---------------
+class _FlashBuiltBlocks(torch.autograd.Function):
+    @staticmethod
+    @_flushed
+    def forward(ctx, q, k, v, scale, blocks, build, *parts):
+        out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
+        with torch.no_grad():
+            for i, (start, end, n) in enumerate(blocks):
+                out[:, :, start:end], lse[:, :, start:end] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[:, :, start:end], k[:, :, :n], v[:, :, :n], 0.0, False, attn_mask=build(i, *parts), scale=scale
+                )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, *parts)
+        ctx.scale, ctx.blocks, ctx.build = scale, blocks, build
+        return out
+
+    @staticmethod
+    @_flushed
+    def backward(ctx, dout):
+        q, k, v, out, lse, *parts = ctx.saved_tensors
+        scale, blocks = ctx.scale, ctx.blocks
+        dout = dout.contiguous()
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(parts, ctx.needs_input_grad[6:])]
+        wanted = [t for t in leaves if t.requires_grad]
+        sums = [None] * len(wanted)
+        b, h = q.shape[:2]
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        size = b * h * max((end - start) * n for start, end, n in blocks)
+        buffers = (q.new_empty(size), q.new_empty(size))
+        for i, (start, end, n) in enumerate(blocks):
+            with torch.enable_grad():
+                mask = ctx.build(i, *leaves)
+            args = (q[:, :, start:end].contiguous(), k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
+            o_b, l_b = out[:, :, start:end].contiguous(), lse[:, :, start:end].contiguous()
+            dq_b, dk_b, dv_b, dm = attention_backward(
+                *args, mask.detach(), dout[:, :, start:end], o_b, l_b, scale, want_mask=bool(wanted), buffers=buffers
+            )  # fmt: skip
+            dq[:, :, start:end] = dq_b
+            dk[:, :, :n].add_(dk_b)
+            dv[:, :, :n].add_(dv_b)
+            if wanted:
+                for j, g in enumerate(torch.autograd.grad(mask, wanted, dm, allow_unused=True)):
+                    if g is not None:
+                        sums[j] = g if sums[j] is None else sums[j].add_(g)
+        grads = iter(sums)
+        return (dq, dk, dv, None, None, None, *[next(grads) if t.requires_grad else None for t in leaves])
+
+
+def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, blocks, build, *parts: torch.Tensor):
+    """``softmax(q k^T * scale + mask) v`` over query blocks ``(start, end, n)`` (covering ``0..q_len``, each
+    against keys ``0..n``), block ``i``'s mask ``build(i, *parts)`` laid out from small tensors ``parts``
+    (float32 ``(1 or batch, heads or 1, end - start, n)``, ``-inf`` at every key the block may not see).
+    Gradients for ``q``, ``k``, ``v`` and ``parts``, in one autograd node: each mask is built without
+    gradients in the forward pass and again with them in the backward pass, where the blocks' gradients of
+    ``k``, ``v`` and ``parts`` are summed in place (:func:`flash_scores` per block would add a node, a sliced copy
+    of ``k`` and ``v``'s gradient and a concatenation for each)."""
+    return _FlashBuiltBlocks.apply(q, k, v, scale, tuple(blocks), build, *parts)
+

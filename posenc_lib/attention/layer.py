@@ -69,7 +69,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
-from ..utils import check_divides
+from ..utils import check_divides, diagonal_sums
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
 #: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs
@@ -97,8 +97,13 @@ CPU_FLASH: bool = True
 #: With denormals flushed (:data:`FLUSH_MIN_ELEMENTS`) and T5's gradient summed per diagonal the crossover was
 #: measured again at 2**21 (L = 512, batch 1, 2 threads, interleaved): t5 1.35 of ``none`` fused against 1.36
 #: explicit (no gain), xlnet 1.85 against 1.43 and deberta 2.16 against 1.50 (the explicit path wins).
+#: With the written-out backward pass (:data:`cpu_flash.WRITTEN_BACKWARD`) the threshold moved down to 2**22: at
+#: L = 512, batch 2 (2 threads, an AMD EPYC, 12 interleaved repeats, median step over ``none``'s) the fused path
+#: took t5 1.13 against 1.22, shaw 1.34 against 1.39, xlnet 1.54 against 1.57, deberta 1.67 against 1.62 (equal
+#: within that machine's noise), and it keeps no scores for the backward pass, where the explicit path's peak
+#: memory was 1.31-1.46 times ``none``'s there.
 #: ``None``: only blocked calls take the fused path.
-FUSED_MIN_ELEMENTS: int | None = 2**23
+FUSED_MIN_ELEMENTS: int | None = 2**22
 
 #: A call of SDPA's fused kernel on CPU (float32, no dropout) with a bias whose scores hold at least this many
 #: elements runs with denormal floats flushed to zero, in both passes (:func:`cpu_flash.flush_denormals`; the calls of
@@ -371,10 +376,11 @@ class MultiHeadAttention(nn.Module):
         allowed = merge_masks(
             q_len, k_len, causal=path.causal_mask, q_pos=q_pos, k_pos=k_pos, key_padding_mask=key_padding_mask
         )
-        bias = pos.bias(ctx, layer) if pos is not None else None
+        p_drop = self.dropout if self.training else 0.0
+        offset = None if want_weights else _offset_bias_blocks(pos, ctx, q, k_len, path, p_drop)
+        bias = pos.bias(ctx, layer) if pos is not None and offset is None else None
         terms = pos.score_terms if pos is not None else 1
         scale = 1.0 / math.sqrt(self.head_dim * terms)
-        p_drop = self.dropout if self.training else 0.0
 
         def attend(q, allowed, bias, ctx):
             """Attention of the queries ``q`` (all, or one block of them) to every key."""
@@ -426,8 +432,10 @@ class MultiHeadAttention(nn.Module):
                     blocks = None
             return cpu_flash.flash_attention(q, k, v, mask, scale, blocks)
 
-        blocks = None if want_weights else self._query_blocks(q, k_len, path, pos, ctx, bias, p_drop)
-        if _flex_wanted(pos, want_weights, p_drop, q_len):
+        blocks = None if want_weights or offset is not None else self._query_blocks(q, k_len, path, pos, ctx, bias, p_drop)
+        if offset is not None:  # a bias of one value per offset, laid out block by block in the fused kernel
+            out, probs, blocks = _offset_bias_attention(q, k, v, allowed, scale, *offset), None, []
+        elif _flex_wanted(pos, want_weights, p_drop, q_len):
             from .flex import flex_attend
 
             out, probs, blocks = flex_attend(pos, q, k, v, ctx, layer, self, scale, allowed), None, []
@@ -532,6 +540,76 @@ def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[tor
     cache["v_buf"][:, :, n : n + new] = v
     cache["len"] = n + new
     return cache["k_buf"][:, :, : n + new], cache["v_buf"][:, :, : n + new]
+
+
+def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPath, p_drop: float):
+    """``(values, blocks)`` for :func:`_offset_bias_attention`, or ``None`` where that path does not apply.
+
+    It applies to a causal training call on the fused CPU path (:func:`_fused_pays`, or a call above
+    :data:`BLOCK_ELEMENTS`) whose scheme has one bias value per offset ``j - i`` (``offset_bias``, T5 over
+    consecutive positions): each block of :data:`FUSED_BLOCK_ROWS` queries lays out its own rows of the bias
+    for the keys it can see, so neither the whole ``(heads, q_len, k_len)`` bias nor a masked copy of it per
+    layer is ever written, and the gradient reaches the values per block."""
+    offset_bias = getattr(pos, "offset_bias", None)
+    if offset_bias is None or ctx is None or not path.causal_mask or not torch.is_grad_enabled():
+        return None
+    if _flex_wanted(pos, False, p_drop, q.shape[2]) or not _cpu_flash_wanted(pos, q, p_drop):
+        return None
+    b, h, q_len, _ = q.shape
+    elements = b * h * q_len * k_len
+    above = BLOCK_ELEMENTS is not None and elements > BLOCK_ELEMENTS
+    if not above and (FUSED_MIN_ELEMENTS is None or elements < FUSED_MIN_ELEMENTS):
+        return None
+    values = offset_bias(ctx)
+    if values is None or not values.requires_grad:
+        return None
+    rows = min(FUSED_BLOCK_ROWS, max(1, BLOCK_ELEMENTS // (b * h * k_len))) if above else FUSED_BLOCK_ROWS
+    return values, [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
+
+
+def _offset_bias_attention(q, k, v, allowed, scale: float, values: torch.Tensor, blocks) -> torch.Tensor:
+    """Attention with ``bias[h, i, j] = values[h, j - i + q_len - 1]`` over query blocks in the fused kernel
+    (:func:`cpu_flash.flash_blocks`): each block sees the keys up to its last allowed one, and its mask is laid
+    out from the values it needs (again in the backward pass, where its gradient is summed per offset)."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    spans, masks = [], []
+    for start, end in blocks:
+        rows, n = _block_keys(allowed, start, end, k_len)
+        spans.append((start, end, n))
+        masks.append(rows)
+
+    def build(i, values):
+        start, end, n = spans[i]
+        return _offset_block(q_len, start, end, n, masks[i], None, None, values)
+
+    return cpu_flash.flash_blocks(q, k, v, scale, spans, build, values)
+
+
+def _offset_block(q_len: int, start: int, end: int, n: int, allowed, q, k, values) -> torch.Tensor:
+    """Rows ``start:end``, keys ``0:n`` of the bias laid out from ``values (heads, q_len + k_len - 1)``
+    (see :func:`_offset_bias_attention`), ``-inf`` where not allowed: ``(1 or batch, heads, end - start, n)``."""
+    return _OffsetRows.apply(values[:, q_len - end : q_len - start + n - 1], n, allowed)
+
+
+class _OffsetRows(torch.autograd.Function):
+    """``window (heads, rows + n - 1) -> (1 or batch, heads, rows, n)``, ``out[.., h, i, j] = window[h, j - i + rows - 1]``
+    (``-inf`` where ``allowed`` is False): the window's overlapping slices of length ``n``, last row first.  The
+    backward pass sums the gradient along each diagonal (:func:`~posenc_lib.utils.diagonal_sums`)."""
+
+    @staticmethod
+    def forward(ctx, window, n: int, allowed):
+        out = window.unfold(-1, n, 1).flip(-2)[None]
+        if allowed is not None:
+            out = out.masked_fill_(~allowed, float("-inf")) if allowed.shape[0] == 1 else out.masked_fill(~allowed, float("-inf"))
+        ctx.save_for_backward(allowed)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (allowed,) = ctx.saved_tensors
+        if allowed is not None:
+            grad = grad.masked_fill(~allowed, 0.0)
+        return diagonal_sums(grad.sum(0) if grad.shape[0] > 1 else grad[0]), None, None
 
 
 def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts) -> torch.Tensor:

@@ -97,6 +97,19 @@ class T5Bias(PositionScheme):
             relative_positions(q_pos, k_pos), not self.causal, self.num_buckets, self.max_distance
         )
 
+    def _offset_values(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """``(q_len + k_len - 1, heads)``: the bias of each offset ``j - i`` from ``k_pos[0] - q_pos[-1]`` up, for
+        large windows of consecutive positions on the host (:data:`TOEPLITZ_MIN_ELEMENTS`); ``None`` otherwise."""
+        q_len, k_len = q_pos.numel(), k_pos.numel()
+        if (
+            TOEPLITZ_MIN_ELEMENTS is None or self.n_heads * q_len * k_len < TOEPLITZ_MIN_ELEMENTS
+            or not (on_host(q_pos) and consecutive(q_pos) and consecutive(k_pos))
+        ):  # fmt: skip
+            return None
+        first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
+        offsets = torch.arange(first, first + q_len + k_len - 1, device=q_pos.device)
+        return self.relative_attention_bias(t5_relative_bucket(offsets, not self.causal, self.num_buckets, self.max_distance))
+
     def compute_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """``(1, heads, q_len, k_len)`` float32 bias (whatever the parameters' dtype).
 
@@ -104,22 +117,31 @@ class T5Bias(PositionScheme):
         elements) look up one bucket per offset ``j - i`` and lay the values out along the diagonals
         (:func:`~posenc_lib.utils.toeplitz_bias`): the same bias, with a gradient summed per diagonal instead
         of over ``q_len * k_len`` lookups."""
-        q_len, k_len = q_pos.numel(), k_pos.numel()
-        if (
-            TOEPLITZ_MIN_ELEMENTS is not None and self.n_heads * q_len * k_len >= TOEPLITZ_MIN_ELEMENTS
-            and on_host(q_pos) and consecutive(q_pos) and consecutive(k_pos)
-        ):  # fmt: skip
-            first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
-            offsets = torch.arange(first, first + q_len + k_len - 1, device=q_pos.device)
-            buckets = t5_relative_bucket(offsets, not self.causal, self.num_buckets, self.max_distance)
-            return toeplitz_bias(self.relative_attention_bias(buckets), q_len, k_len)
+        values = self._offset_values(q_pos, k_pos)
+        if values is not None:
+            return toeplitz_bias(values, q_pos.numel(), k_pos.numel())
         return self.relative_attention_bias(self.buckets(q_pos, k_pos)).float().permute(2, 0, 1)[None]
 
     def prepare(self, q_pos, k_pos):
-        return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}
+        """The stack's context: the bias, or for a large window of consecutive positions the one value per
+        offset (``"offset_values"``), laid out into the bias by the first layer that asks for it (:meth:`bias`).
+        A causal training call on the fused CPU path never asks: it lays out one block of queries at a time
+        (:meth:`offset_bias`)."""
+        values = self._offset_values(q_pos, k_pos)
+        if values is None:
+            return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}
+        return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
 
     def bias(self, ctx, layer):
+        if "bias" not in ctx:  # built once, shared by the stack's layers (the context is the stack's)
+            ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
         return ctx["bias"]
+
+    def offset_bias(self, ctx) -> torch.Tensor | None:
+        """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where
+        the context has one value per offset (see :meth:`prepare`); ``None`` otherwise."""
+        values = ctx.get("offset_values")
+        return None if values is None else values.float().t().contiguous()
 
     def extra_repr(self):
         return f"causal={self.causal}, num_buckets={self.num_buckets}, max_distance={self.max_distance}"
