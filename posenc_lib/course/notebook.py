@@ -169,6 +169,17 @@ RESULT_COMMANDS = {
                                        "deberta --lengths 512,1024 --batches 1,2,8,16 --repeats 3 --out "
                                        "benchmarks/results/batches_epyc (the batch axis again, on the AMD EPYC of the "
                                        "main run, after the fused path's backward pass was written out)",
+    "benchmarks/results/batches_epyc_2": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,"
+                                         "deberta --lengths 512,1024 --batches 1,2,8,16 --repeats 3 --out "
+                                         "benchmarks/results/batches_epyc_2 (the batch axis on the AMD EPYC after T5's "
+                                         "per-block bias, the backward pass in blocks of 256 rows and the fused path "
+                                         "from 2**22 score elements)",
+    "benchmarks/results/batches_epyc_2/L2048": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,"
+                                               "xlnet,deberta --lengths 2048 --batches 1,2 --repeats 3 --out "
+                                               "benchmarks/results/batches_epyc_2/L2048",
+    "benchmarks/results/batches_epyc_2/B32": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,"
+                                             "xlnet,deberta --lengths 512 --batches 32 --repeats 3 --out "
+                                             "benchmarks/results/batches_epyc_2/B32",
     "benchmarks/results/batches/decode_profile_eager": "python -m benchmarks.decode_profile --threads 2 --schemes "
                                                        "none,t5,deberta --out benchmarks/results/batches/"
                                                        "decode_profile_eager",
