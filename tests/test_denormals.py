@@ -205,3 +205,16 @@ def test_diagonal_sums_add_each_diagonal(rows, n, block, monkeypatch):
         for j in range(n):
             expected[:, j - i + rows - 1] += grad[:, i, j]
     torch.testing.assert_close(utils.diagonal_sums(grad), expected)
+
+
+def test_t5_lays_out_its_bias_once_per_stack(monkeypatch):
+    """Over consecutive positions T5's context holds one value per offset; the first layer that asks lays out
+    the bias and every other layer of the stack reuses it."""
+    calls = []
+    monkeypatch.setattr(t5_module, "toeplitz_bias", lambda *a, real=t5_module.toeplitz_bias: calls.append(1) or real(*a))
+    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
+    set_seed(0)
+    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=3, dim_feedforward=64, dropout=0.0)
+    with torch.no_grad():
+        model.encode(torch.randint(4, 31, (2, 13), generator=torch.Generator().manual_seed(0)), None)
+    assert len(calls) == 1
