@@ -166,14 +166,10 @@ def _spy_paths(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("pe", SCORE_AND_BIAS)
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("rows", [128, 4])
-def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, padded, rows, monkeypatch):
-    """A training call above FUSED_MIN_ELEMENTS but below BLOCK_ELEMENTS runs in the fused kernel (in one block,
-    or in blocks of FUSED_BLOCK_ROWS): the same loss and gradients as the explicit softmax, encoder and causal
-    decoder, with padding."""
-    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", rows)
+def _explicit_then_fused(pe, padded, monkeypatch):
+    """Loss and gradients of a small model (2 + 2 layers) with every self-attention call explicit, then fused
+    (``FUSED_MIN_ELEMENTS`` at the calls' size), with padding if asked: ``{setting: (loss, grads, calls)}``, the
+    fused CPU functions each setting called; the two settings' losses and gradients are checked equal."""
     set_seed(0)
     model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
     g = torch.Generator().manual_seed(1)
@@ -191,7 +187,25 @@ def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, p
         model.zero_grad(set_to_none=True)
         loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
         loss.backward()
-        results[fused_min] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results[fused_min] = loss.detach(), grads, list(calls)
+    (loss_e, grads_e, _), (loss_f, grads_f, _) = results.values()
+    torch.testing.assert_close(loss_f, loss_e, atol=1e-6, rtol=1e-5)
+    assert grads_f.keys() == grads_e.keys()
+    for name, grad in grads_e.items():
+        torch.testing.assert_close(grads_f[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    return results
+
+
+@pytest.mark.parametrize("pe", SCORE_AND_BIAS)
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("rows", [128, 4])
+def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, padded, rows, monkeypatch):
+    """A training call above FUSED_MIN_ELEMENTS but below BLOCK_ELEMENTS runs in the fused kernel (in one block,
+    or in blocks of FUSED_BLOCK_ROWS): the same loss and gradients as the explicit softmax, encoder and causal
+    decoder, with padding."""
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", rows)
+    for fused_min, (_, _, calls) in _explicit_then_fused(pe, padded, monkeypatch).items():
         if pe == "alibi":  # a bias without a gradient is SDPA's own fused kernel on either setting
             assert calls == []
         else:
@@ -199,11 +213,6 @@ def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, p
             # 2 encoder + 2 decoder self-attention layers (one call per block, or per layer where the scheme
             # takes all blocks at once); a padded bias block is checkpointed (its call runs twice)
             assert fused_min is None or len(calls) >= 4
-    (loss_e, grads_e), (loss_f, grads_f) = results.values()
-    torch.testing.assert_close(loss_f, loss_e, atol=1e-6, rtol=1e-5)
-    assert grads_f.keys() == grads_e.keys()
-    for name, grad in grads_e.items():
-        torch.testing.assert_close(grads_f[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("pe", ["t5", "shaw", "xlnet", "deberta"])
@@ -258,35 +267,11 @@ def test_t5_offset_values_laid_out_per_block_give_the_same_loss_and_gradients(pa
 
     monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
     monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", rows)
-    set_seed(0)
-    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
-    g = torch.Generator().manual_seed(1)
-    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 12), generator=g)
-    pads = {}
-    if padded:
-        src_pad, tgt_pad = torch.zeros(3, 13, dtype=torch.bool), torch.zeros(3, 11, dtype=torch.bool)
-        src_pad[0, 9:], tgt_pad[1, 7:] = True, True
-        pads = dict(src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)
-    calls = _spy_paths(monkeypatch)
-    results = {}
-    for fused_min in (None, 3 * 4 * 11 * 11):
-        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
-        calls.clear()
-        model.zero_grad(set_to_none=True)
-        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
-        loss.backward()
-        results[fused_min] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        if fused_min is None:
-            assert calls == []
-        else:
-            assert calls.count("flash_blocks") == 2  # the decoder's two causal layers, every block in one call
-            assert "flash_scores" not in calls
-            assert "flash_attention" in calls  # the encoder: the whole bias
-    (loss_e, grads_e), (loss_f, grads_f) = results.values()
-    torch.testing.assert_close(loss_f, loss_e, atol=1e-6, rtol=1e-5)
-    assert grads_f.keys() == grads_e.keys()
-    for name, grad in grads_e.items():
-        torch.testing.assert_close(grads_f[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    results = _explicit_then_fused("t5", padded, monkeypatch)
+    assert results[None][2] == []
+    fused = results[3 * 4 * 11 * 11][2]
+    assert fused.count("flash_blocks") == 2  # the decoder's two causal layers, every block in one call
+    assert "flash_scores" not in fused and "flash_attention" in fused  # the encoder: the whole bias
 
 
 def test_t5_offset_values_lay_out_the_same_bias():

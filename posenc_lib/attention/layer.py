@@ -556,9 +556,8 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     if _flex_wanted(pos, False, p_drop, q.shape[2]) or not _cpu_flash_wanted(pos, q, p_drop):
         return None
     b, h, q_len, _ = q.shape
-    elements = b * h * q_len * k_len
-    above = BLOCK_ELEMENTS is not None and elements > BLOCK_ELEMENTS
-    if not above and (FUSED_MIN_ELEMENTS is None or elements < FUSED_MIN_ELEMENTS):
+    above = BLOCK_ELEMENTS is not None and b * h * q_len * k_len > BLOCK_ELEMENTS
+    if not above and not _fused_pays(pos, q, k_len, p_drop):
         return None
     values = offset_bias(ctx)
     if values is None or not values.requires_grad:
