@@ -295,6 +295,49 @@ def test_t5_offset_values_lay_out_the_same_bias():
         torch.testing.assert_close(block, whole[:, :, start:end, :n], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_alibi_offset_values_laid_out_per_block_give_the_same_loss_and_gradients(padded, monkeypatch):
+    """ALiBi over a large window (OFFSET_MIN_ELEMENTS): its causal training calls lay out each block's rows of the
+    fixed bias in flash_blocks (the kernel's own backward pass, no gradient for the bias), the encoder's calls
+    take the whole bias, laid out once; the loss and every gradient equal the explicit path's."""
+    from posenc_lib.schemes import alibi as alibi_module
+
+    monkeypatch.setattr(alibi_module, "OFFSET_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    results = _explicit_then_fused("alibi", padded, monkeypatch)
+    assert results[None][2] == []
+    assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 2  # the decoder's two causal layers; the encoder: SDPA
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n_heads", [8, 6])
+def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads):
+    """ALiBi's one value per offset, laid out whole or one block of rows at a time, is alibi_bias exactly
+    (the same float32 products), for windows that start anywhere; "split" and scattered positions keep the
+    whole bias."""
+    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.schemes import alibi as alibi_module
+
+    scheme = make_scheme("alibi", 48, n_heads, 1, causal=causal)
+    for q_pos, k_pos in [(torch.arange(1024), torch.arange(1024)), (torch.arange(5, 1029), torch.arange(1029)),
+                         (torch.arange(3, 700), torch.arange(10, 800))]:  # fmt: skip
+        assert n_heads * q_pos.numel() * k_pos.numel() >= alibi_module.OFFSET_MIN_ELEMENTS
+        ctx = scheme.prepare(q_pos, k_pos)
+        assert "bias" not in ctx and "offset_values" in ctx  # large and consecutive: laid out on demand
+        whole = scheme.bias(ctx, 0)
+        assert whole.dtype == torch.float32 and torch.equal(whole, alibi_module.alibi_bias(q_pos, k_pos, scheme.slopes))
+        assert scheme.bias(ctx, 1) is whole  # once per stack
+        q_len, k_len = q_pos.numel(), k_pos.numel()
+        for start, end, n in [(0, 128, 133), (128, 256, k_len), (q_len - 24, q_len, k_len), (7, 9, 3)]:
+            block = _offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(ctx))
+            assert torch.equal(block, whole[:, :, start:end, :n])
+    pos = torch.arange(1024)
+    assert "bias" in make_scheme("alibi", 48, n_heads, 1, causal=False, bidirectional="split").prepare(pos, pos)
+    assert "bias" in scheme.prepare(torch.tensor([0, 2, 5]), pos)
+    small = torch.arange(64)  # the course's models: built as before
+    assert n_heads * 64 * 64 < alibi_module.OFFSET_MIN_ELEMENTS and "bias" in scheme.prepare(small, small)
+
+
 @pytest.mark.parametrize("batch_mask", [False, True])
 def test_offset_rows_gradient_sums_each_diagonal(batch_mask):
     """_OffsetRows' written-out backward pass (each diagonal summed through a strided buffer) equals autograd's

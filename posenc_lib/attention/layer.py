@@ -546,10 +546,10 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     """``(values, blocks)`` for :func:`_offset_bias_attention`, or ``None`` where that path does not apply.
 
     It applies to a causal training call on the fused CPU path (:func:`_fused_pays`, or a call above
-    :data:`BLOCK_ELEMENTS`) whose scheme has one bias value per offset ``j - i`` (``offset_bias``, T5 over
-    consecutive positions): each block of :data:`FUSED_BLOCK_ROWS` queries lays out its own rows of the bias
-    for the keys it can see, so neither the whole ``(heads, q_len, k_len)`` bias nor a masked copy of it per
-    layer is ever written, and the gradient reaches the values per block."""
+    :data:`BLOCK_ELEMENTS`) whose scheme has one bias value per offset ``j - i`` (``offset_bias``: T5 and ALiBi
+    over large windows of consecutive positions): each block of :data:`FUSED_BLOCK_ROWS` queries lays out its
+    own rows of the bias for the keys it can see, so neither the whole ``(heads, q_len, k_len)`` bias nor a
+    masked copy of it per layer is ever written, and a gradient (T5's) reaches the values per block."""
     offset_bias = getattr(pos, "offset_bias", None)
     if offset_bias is None or ctx is None or not path.causal_mask or not torch.is_grad_enabled():
         return None
@@ -560,7 +560,7 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     if not above and not _fused_pays(pos, q, k_len, p_drop):
         return None
     values = offset_bias(ctx)
-    if values is None or not values.requires_grad:
+    if values is None:
         return None
     rows = min(FUSED_BLOCK_ROWS, max(1, BLOCK_ELEMENTS // (b * h * k_len))) if above else FUSED_BLOCK_ROWS
     return values, [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]

@@ -31,8 +31,16 @@ import math
 
 import torch
 
-from ..attention.layer import PositionScheme
-from ..utils import check_choice, check_positive_int, relative_positions
+from ..attention.layer import PositionScheme, on_host
+from ..utils import check_choice, check_positive_int, consecutive, relative_positions, toeplitz_bias
+
+#: a bias of at least this many elements (heads x queries x keys) over one window of consecutive positions is
+#: kept as one value per offset ``j - i`` and laid out only where a call needs it whole (:meth:`ALiBi.bias`); a
+#: causal training call on the fused CPU path lays out one block of query rows at a time instead and never
+#: writes the whole ``(heads, L, L)`` bias (128 MiB at L = 2048, 8 heads) nor, per decoder layer, a copy of it
+#: with the future masked.  The values are the same products as :func:`alibi_bias`'s, so the bias is the same
+#: bit for bit; smaller biases (the course's models) are built as before.
+OFFSET_MIN_ELEMENTS: int | None = 2**20
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -88,12 +96,42 @@ class ALiBi(PositionScheme):
             self.slopes = alibi_slopes(self.n_heads).to(self.slopes.device)
         return self
 
+    def _offset_values(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """``(q_len + k_len - 1, heads)``: the bias ``-m_h |j - i|`` of each offset ``j - i`` from
+        ``k_pos[0] - q_pos[-1]`` up, for large windows of consecutive positions on the host
+        (:data:`OFFSET_MIN_ELEMENTS`) and a bias that depends on the offset alone (not ``split``); ``None`` otherwise."""
+        q_len, k_len = q_pos.numel(), k_pos.numel()
+        if (
+            OFFSET_MIN_ELEMENTS is None or self.n_heads * q_len * k_len < OFFSET_MIN_ELEMENTS
+            or (self.bidirectional == "split" and not self.causal)
+            or not (on_host(q_pos) and consecutive(q_pos) and consecutive(k_pos))
+        ):  # fmt: skip
+            return None
+        first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
+        offsets = torch.arange(first, first + q_len + k_len - 1, device=self.slopes.device)
+        return -(offsets.abs().float()[:, None] * self.slopes.float()[None])
+
     def prepare(self, q_pos, k_pos):
+        """The stack's context: the bias, or for a large window of consecutive positions the one value per
+        offset (``"offset_values"``), laid out into the whole bias by the first layer that asks for it
+        (:meth:`bias`); a causal training call on the fused CPU path lays out one block of queries at a time
+        (:meth:`offset_bias`)."""
+        values = self._offset_values(q_pos, k_pos)
+        if values is not None:
+            return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
         split = self.bidirectional == "split" and not self.causal
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": alibi_bias(q_pos, k_pos, self.slopes, split)}
+
+    def offset_bias(self, ctx) -> torch.Tensor | None:
+        """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where
+        the context has one value per offset (see :meth:`prepare`); ``None`` otherwise."""
+        values = ctx.get("offset_values")
+        return None if values is None else values.t().contiguous()
 
     def extra_repr(self):
         return f"causal={self.causal}, bidirectional={self.bidirectional!r}"
 
     def bias(self, ctx, layer):
+        if "bias" not in ctx:  # built once, shared by the stack's layers (the context is the stack's)
+            ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
         return ctx["bias"]
