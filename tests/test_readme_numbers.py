@@ -702,6 +702,40 @@ def test_readme_quotes_the_batch_axis_after_the_written_backward():
     assert f"2 threads, {round(minutes)} min;" in para
 
 
+def test_readme_quotes_alibi_laid_out_block_by_block():
+    """The README's paragraph on benchmarks/results/alibi_offsets (and its L2048/): memory and time at L = 2048 against
+    the run before (batches_epyc_2/L2048), and every goal at L = 512 and 1024, from the runs."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**ALiBi's bias, block by block**", 1)[1].split("**", 1)[0]
+
+    def load(folder):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        for d in docs.values():
+            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
+            assert d["attention_settings"]["alibi.OFFSET_MIN_ELEMENTS"] == 2**20  # measured with the per-block layout
+        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "alibi"}
+        return rows, sum(d["wall_s"] for d in docs.values()) / 60
+
+    grid, m1 = load("alibi_offsets")
+    long, m2 = load("alibi_offsets/L2048")
+    assert f"9 min with its `L2048/`" in para and round(m1 + m2) == 9
+    before = {(r["length"], r["batch"]): r for r in batch_goals(
+        {f"{p}_batches": json.loads((RESULTS / "batches_epyc_2" / "L2048" / f"{p}_batches.json").read_text())
+         for p in ("train", "memory")}) if r["scheme"] == "alibi"}  # fmt: skip
+    mem = [long[2048, b]["memory_ratio"] for b in (1, 2)]
+    assert all(long[2048, b]["memory_met"] for b in (1, 2)) and not any(before[2048, b]["memory_met"] for b in (1, 2))
+    assert f"fell to {mem[0]:.2f}× and {mem[1]:.2f}× of `none`'s at batch 1 and 2" in para
+    assert f"({before[2048, 1]['memory_ratio']:.2f}× and {before[2048, 2]['memory_ratio']:.2f}× before)" in para
+    assert f"its time was {long[2048, 1]['time_ratio']:.2f} and {long[2048, 2]['time_ratio']:.2f}" in para
+    assert not long[2048, 1]["time_met"] and long[2048, 2]["time_met"] and "batch 1 still misses the time goal" in para
+    assert sorted(grid) == [(length, b) for length in (512, 1024) for b in (1, 2, 8, 16)]
+    assert all(r["time_met"] and r["memory_met"] for r in grid.values())
+    times, mems = [r["time_ratio"] for r in grid.values()], [r["memory_ratio"] for r in grid.values()]
+    assert f"(time {min(times):.2f}–{max(times):.2f}, memory {min(mems):.2f}–{max(mems):.2f}×)" in para
+
+
 def test_readme_quotes_the_batch_axis_on_the_current_library():
     """The README's paragraph on benchmarks/results/batches_epyc_2 (and its L2048/, B32/ parts): goals held,
     misses, memory and what is not measured, from the runs (the goals as ``benchmarks.report.batch_goals`` marks them)."""

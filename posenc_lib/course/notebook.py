@@ -180,6 +180,12 @@ RESULT_COMMANDS = {
     "benchmarks/results/batches_epyc_2/B32": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,"
                                              "xlnet,deberta --lengths 512 --batches 32 --repeats 3 --out "
                                              "benchmarks/results/batches_epyc_2/B32",
+    "benchmarks/results/alibi_offsets": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
+                                        "512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/alibi_offsets "
+                                        "(ALiBi's grid after its bias was laid out block by block)",
+    "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
+                                              "2048 --batches 1,2 --repeats 3 --out "
+                                              "benchmarks/results/alibi_offsets/L2048",
     "benchmarks/results/batches/decode_profile_eager": "python -m benchmarks.decode_profile --threads 2 --schemes "
                                                        "none,t5,deberta --out benchmarks/results/batches/"
                                                        "decode_profile_eager",
