@@ -112,7 +112,7 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, writ
         src_pad = torch.zeros(3, 13, dtype=torch.bool)
         src_pad[0, 9:] = True
         pads = dict(src_key_padding_mask=src_pad)
-    calls = {"flash_attention": [], "flash_scores": [], "shaw_attention": []}
+    calls = {"flash_attention": [], "flash_scores": [], "shaw_attention": [], "flash_blocks": []}
     for name, seen in calls.items():
         real = getattr(cpu_flash, name)
         monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, seen=seen: seen.append(a) or real(*a))
@@ -125,15 +125,17 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, writ
         loss.backward()
         results[fused] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         used = {name for name, seen in calls.items() if seen}
-        expected = {"t5": "flash_attention", "xlnet": "flash_scores", "deberta": "flash_scores", "shaw": "shaw_attention"}
+        expected = {"t5": "flash_attention", "xlnet": "flash_scores", "deberta": "flash_blocks", "shaw": "shaw_attention"}
         assert used == ({expected[pe]} if fused else set())
         assert all(len(a[-1]) >= 3 for a in calls["shaw_attention"])  # Shaw: its blocks in one call
     torch.testing.assert_close(results[True][0], results[False][0], atol=1e-6, rtol=1e-5)
     assert results[True][1].keys() == results[False][1].keys()
     for name, grad in results[False][1].items():
         torch.testing.assert_close(results[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
-    if pe in ("xlnet", "deberta"):  # a causal block of the decoder sees only the keys up to its last query
+    if pe == "xlnet":  # a causal block of the decoder sees only the keys up to its last query
         assert {a[1].shape[2] for a in calls["flash_scores"]} >= {4, 8, 11}
+    if pe == "deberta":  # the same, the blocks of a layer in one call
+        assert any([n for _, _, n in a[4]] == [4, 8, 11] for a in calls["flash_blocks"])
     if pe == "shaw":
         assert {blk[2].index.shape[1] for a in calls["shaw_attention"] for blk in a[-1]} >= {4, 8, 11}
     if pe == "t5" and not padded:  # a bias shared over the batch: one fused call per layer, not per block
@@ -213,6 +215,27 @@ def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, p
             # 2 encoder + 2 decoder self-attention layers (one call per block, or per layer where the scheme
             # takes all blocks at once); a padded bias block is checkpointed (its call runs twice)
             assert fused_min is None or len(calls) >= 4
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_deberta_runs_a_layers_blocks_in_one_node_from_parts_projected_once(padded, monkeypatch):
+    """DeBERTa's projected tables are the same for every query block (shared_score_parts): each layer projects
+    them once and runs all its blocks in one flash_blocks node, the mask's gradient reaching q, k and the tables;
+    loss and every gradient equal the explicit path's.  XLNet's parts depend on the block: a node per block."""
+    from posenc_lib.schemes.deberta import DebertaDisentangled
+    from posenc_lib.schemes.xlnet import XLNetRelative
+
+    assert DebertaDisentangled.shared_score_parts and not XLNetRelative.shared_score_parts
+    projections = []
+    real = DebertaDisentangled.score_parts
+    monkeypatch.setattr(DebertaDisentangled, "score_parts", lambda self, *a: projections.append(1) or real(self, *a))
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)  # 3 blocks of the 11 target and 13 source positions
+    results = _explicit_then_fused("deberta", padded, monkeypatch)
+    assert results[None][2] == []
+    assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 4  # 2 encoder + 2 decoder layers, one node each
+    assert len(projections) == 4 + 4  # once per layer in each setting (explicit: one piece per layer)
+    xlnet = _explicit_then_fused("xlnet", padded, monkeypatch)[3 * 4 * 11 * 11][2]
+    assert xlnet.count("flash_scores") >= 2 * 3 and "flash_blocks" not in xlnet
 
 
 @pytest.mark.parametrize("pe", ["t5", "shaw", "xlnet", "deberta"])

@@ -119,8 +119,8 @@ def test_deberta_matches_transformers_with_gradients(fused_min, monkeypatch):
     ref, scheme, attn = _deberta_pair()
     monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
     used = []
-    real = attention.cpu_flash.flash_scores
-    monkeypatch.setattr(attention.cpu_flash, "flash_scores", lambda *a: used.append(1) or real(*a))
+    real = attention.cpu_flash.flash_blocks  # a layer's blocks in one node, the tables projected once
+    monkeypatch.setattr(attention.cpu_flash, "flash_blocks", lambda *a: used.append(1) or real(*a))
     x = torch.randn(2, 30, 32, requires_grad=True)
     pos = torch.arange(30)
     ctx = scheme.prepare(pos, pos)

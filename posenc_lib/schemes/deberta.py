@@ -132,6 +132,7 @@ class DebertaDisentangled(PositionScheme):
     name = "deberta"
     where = "scores"
     score_terms = 3
+    shared_score_parts = True  # the projected tables depend on the layer only
 
     def __init__(
         self, d_model, n_heads, num_layers, causal=False, position_buckets: int = 32, max_relative_positions: int = 128
