@@ -736,6 +736,38 @@ def test_readme_quotes_alibi_laid_out_block_by_block():
     assert f"(time {min(times):.2f}–{max(times):.2f}, memory {min(mems):.2f}–{max(mems):.2f}×)" in para
 
 
+def test_readme_quotes_deberta_in_one_node():
+    """The README's paragraph on benchmarks/results/deberta_blocks: goals held and missed, and the unchanged shape
+    (L = 512, batch 1, explicit path) read against batches_epyc_2, from the runs."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**DeBERTa's blocks in one node**", 1)[1].split("**", 1)[0]
+
+    def load(folder):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "deberta"}
+        peaks = {pe: docs["memory_batches"]["results"]["batches"]["1"]["lengths"]["512"]["schemes"][pe]["peak_mb"]
+                 for pe in ("none", "deberta")}  # fmt: skip
+        return rows, peaks, docs
+
+    rows, peaks, docs = load("deberta_blocks")
+    before, peaks_before, _ = load("batches_epyc_2")
+    assert "9 min" in para and round(sum(d["wall_s"] for d in docs.values()) / 60) == 9
+    # batch 1, 8 heads, L = 512: below the fused path's threshold, so that shape's calls are explicit, as before
+    assert 1 * 8 * 512 * 512 < docs["train_batches"]["attention_settings"]["layer.FUSED_MIN_ELEMENTS"] == 2**22
+    met = sorted(k for k, r in rows.items() if r["time_met"])
+    assert met == [(512, 1), (512, 2), (512, 8), (512, 16), (1024, 1)] and "held at 5 of the 8 shapes" in para
+    assert f"at L = 1024 batch 1, {rows[1024, 1]['time_ratio']:.2f})" in para
+    missed = ", ".join(f"{rows[1024, b]['time_ratio']:.2f}" for b in (2, 8, 16))
+    assert f"batch 2, 8 and 16 ({missed})" in para
+    over = [k for k, r in rows.items() if not r["memory_met"]]
+    assert over == [(512, 1)] and f"except at L = 512, batch 1 ({rows[512, 1]['memory_ratio']:.2f}×)" in para
+    assert f"it read {rows[512, 1]['time_ratio']:.2f} against {before[512, 1]['time_ratio']:.2f} in `batches_epyc_2/`" in para
+    assert (f"peak there was {peaks['none']:.0f} MiB against {peaks_before['none']:.0f} MiB (DeBERTa's "
+            f"{peaks['deberta']:.0f} and {peaks_before['deberta']:.0f})") in para
+
+
 def test_readme_quotes_the_batch_axis_on_the_current_library():
     """The README's paragraph on benchmarks/results/batches_epyc_2 (and its L2048/, B32/ parts): goals held,
     misses, memory and what is not measured, from the runs (the goals as ``benchmarks.report.batch_goals`` marks them)."""

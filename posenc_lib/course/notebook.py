@@ -183,6 +183,9 @@ RESULT_COMMANDS = {
     "benchmarks/results/alibi_offsets": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                         "512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/alibi_offsets "
                                         "(ALiBi's grid after its bias was laid out block by block)",
+    "benchmarks/results/deberta_blocks": "python -m benchmarks.run --only train,memory --schemes deberta --lengths "
+                                         "512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/deberta_blocks "
+                                         "(DeBERTa's grid after a layer's blocks ran in one node)",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",
