@@ -162,7 +162,7 @@ SCORE_AND_BIAS = ["t5", "shaw", "xlnet", "deberta", "alibi", "fire", "kerple", "
 def _spy_paths(monkeypatch):
     """Record which fused CPU function each attention call used."""
     calls = []
-    for name in ("flash_attention", "flash_scores", "shaw_attention", "flash_blocks"):
+    for name in ("flash_attention", "flash_scores", "shaw_attention", "flash_blocks", "flash_whole_offsets"):
         real = getattr(cpu_flash, name)
         monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
     return calls
@@ -294,7 +294,11 @@ def test_t5_offset_values_laid_out_per_block_give_the_same_loss_and_gradients(pa
     assert results[None][2] == []
     fused = results[3 * 4 * 11 * 11][2]
     assert fused.count("flash_blocks") == 2  # the decoder's two causal layers, every block in one call
-    assert "flash_scores" not in fused and "flash_attention" in fused  # the encoder: the whole bias
+    assert "flash_scores" not in fused
+    if padded:  # the encoder: the whole bias, masked per sequence, in blocks
+        assert "flash_attention" in fused and "flash_whole_offsets" not in fused
+    else:  # the whole bias shared over the batch: one call per layer, the gradient summed per diagonal
+        assert fused.count("flash_whole_offsets") == 2 and "flash_attention" not in fused
 
 
 def test_t5_offset_values_lay_out_the_same_bias():
@@ -359,6 +363,42 @@ def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads):
     assert "bias" in scheme.prepare(torch.tensor([0, 2, 5]), pos)
     small = torch.arange(64)  # the course's models: built as before
     assert n_heads * 64 * 64 < alibi_module.OFFSET_MIN_ELEMENTS and "bias" in scheme.prepare(small, small)
+
+
+@pytest.mark.parametrize("batch,padded", [(1, False), (3, False), (3, True)])
+@pytest.mark.parametrize("rows", [256, 5])
+def test_flash_whole_offsets_sums_the_mask_gradient_per_diagonal(batch, padded, rows, monkeypatch):
+    """One fused call with a mask laid out from values per offset: output and the gradients of q, k, v and the values
+    equal the explicit softmax's through the laid-out mask (autograd through utils.toeplitz_bias), with the
+    backward pass in blocks of ``rows`` query rows, a mask shared over the batch or masked per sequence."""
+    from posenc_lib.utils import toeplitz_bias
+
+    monkeypatch.setattr(cpu_flash, "BACKWARD_BLOCK_ROWS", rows)
+    g = torch.Generator().manual_seed(7)
+    h, lq, lk, d = 4, 23, 19, 8
+    q, k, v = (torch.randn(batch, h, n, d, generator=g).requires_grad_() for n in (lq, lk, lk))
+    values = torch.randn(h, lq + lk - 1, generator=g).requires_grad_()
+    keep = torch.ones(batch, 1, 1, lk, dtype=torch.bool)
+    if padded:
+        keep[0, :, :, 15:] = False
+    d_out = torch.randn(batch, h, lq, d, generator=g)
+
+    def explicit():
+        bias = toeplitz_bias(values.t(), lq, lk)
+        s = (q @ k.transpose(-1, -2)) * 0.3 + bias
+        return torch.softmax(s.masked_fill(~keep, float("-inf")), -1) @ v
+
+    def fused():
+        mask = toeplitz_bias(values.detach().t(), lq, lk)
+        mask = mask.masked_fill(~keep, float("-inf")) if padded else mask
+        return cpu_flash.flash_whole_offsets(q, k, v, mask, values, 0.3)
+
+    results = []
+    for run in (explicit, fused):
+        out = run()
+        results.append((out, *torch.autograd.grad(out, (q, k, v, values), d_out)))
+    for name, a, b in zip(("out", "dq", "dk", "dv", "dvalues"), *results):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("batch_mask", [False, True])

@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from ..utils import diagonal_sums
+
 #: query rows per block are chosen so that one block of scores holds at most this many elements
 WORKSPACE_ELEMENTS = 2**24
 
@@ -193,12 +195,14 @@ def _backward_rows(row_elements: int, q_len: int) -> int:
     return max(1, rows if BACKWARD_BLOCK_ROWS is None else min(rows, BACKWARD_BLOCK_ROWS))
 
 
-def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: bool = True, buffers=None):
+def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: bool = True, buffers=None, mask_rows=None):
     """``dq, dk, dv`` and ``dL/dmask`` (reduced to ``mask``'s shape; ``None`` unless ``want_mask``) of
     ``softmax(q k^T * scale + mask) v``, written out over blocks of query rows from the kernel's ``out``
     and row log-sum-exp ``lse``: each block's weights and ``dS`` are built once and serve all four gradients.
 
-    ``buffers``: as for :func:`mask_gradient`."""
+    ``buffers``: as for :func:`mask_gradient`.  ``mask_rows``: instead of writing the whole gradient of the mask,
+    hand each block's rows of it to ``mask_rows(start, end, grad)`` (``grad`` reduced to the mask's batch and head
+    sizes, valid only during the call) and return ``None`` for it."""
     b, h, q_len, _ = q.shape
     k_len = k.shape[2]
     ones = k.new_ones(k.shape[:-1])
@@ -212,11 +216,11 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
     else:
         ds_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dmask = mask.new_empty(mask.shape) if want_mask else None
+    dmask = mask.new_empty(mask.shape) if want_mask and mask_rows is None else None
     for start in range(0, q_len, rows):
         end = min(start + rows, q_len)
         p, ds = p_buf[:, :, : end - start], ds_buf[:, :, : end - start]
-        if want_mask and not reduce_dims:
+        if dmask is not None and not reduce_dims:
             ds = dmask[:, :, start:end]  # dS is the mask's gradient: built in place
         torch.matmul(qa[:, :, start:end], ka_t, out=p)  # q k^T * scale - lse
         p.add_(mask[:, :, start:end]).exp_()  # the attention weights P
@@ -225,7 +229,9 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
         ds.mul_(p)  # dS
         dq[:, :, start:end] = ds @ k
         dk.add_(ds.transpose(-1, -2) @ qs[:, :, start:end])
-        if want_mask and reduce_dims:
+        if want_mask and mask_rows is not None:
+            mask_rows(start, end, ds.sum(dim=reduce_dims, keepdim=True) if reduce_dims else ds)
+        elif want_mask and reduce_dims:
             dmask[:, :, start:end] = ds.sum(dim=reduce_dims, keepdim=True)
     return dq.mul_(scale), dk, dv, dmask
 
@@ -469,6 +475,53 @@ def flash_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     not a second forward pass of the kernel (which ``torch.utils.checkpoint`` would repeat).
     """
     return _FlashScores.apply(q, k, v, scale, build, *parts)
+
+
+# -- a whole mask laid out from one value per offset: its gradient summed per diagonal, block by block -------------
+def _offset_rows_sum(dvals: torch.Tensor, q_len: int):
+    """A ``mask_rows`` for :func:`attention_backward`: adds each block's rows of the mask's gradient, summed over the
+    batch and along each diagonal, into ``dvals (heads, q_len + k_len - 1)``, the gradient of the values per offset."""
+
+    def add(start: int, end: int, grad: torch.Tensor) -> None:
+        g = grad.sum(0) if grad.shape[0] > 1 else grad[0]
+        width = (end - start) + g.shape[-1] - 1
+        dvals[:, q_len - end : q_len - end + width] += diagonal_sums(g)
+
+    return add
+
+
+class _FlashWholeOffsets(torch.autograd.Function):
+    @staticmethod
+    @_flushed
+    def forward(ctx, q, k, v, mask, values, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.scale, ctx.values_shape = scale, values.shape
+        return out
+
+    @staticmethod
+    @_flushed
+    def backward(ctx, dout):
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        want = ctx.needs_input_grad[4]
+        dvals = q.new_zeros(ctx.values_shape) if want else None
+        rows = _offset_rows_sum(dvals, q.shape[2]) if want else None
+        dq, dk, dv, _ = attention_backward(
+            q, k, v, mask, dout.contiguous(), out, lse, ctx.scale, want_mask=want, mask_rows=rows
+        )  # fmt: skip
+        return dq, dk, dv, None, dvals, None
+
+
+def flash_whole_offsets(q, k, v, mask: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """``softmax(q k^T * scale + mask) v`` in one call of the fused kernel, where ``mask`` (float32, ``(1 or batch,
+    heads, q_len, k_len)``, no gradient of its own) is laid out from ``values (heads, q_len + k_len - 1)``,
+    ``mask[.., h, i, j] = values[h, j - i + q_len - 1]`` (``-inf`` where masked).  The gradient reaches ``values``
+    summed per diagonal for each block of rows of the written-out backward pass, so the whole ``(heads, q_len,
+    k_len)`` gradient of the mask is never written (a non-causal call's T5 bias: laid out once for a stack's layers,
+    and before, one whole gradient per layer, summed into the bias's)."""
+    return _FlashWholeOffsets.apply(q, k, v, mask.contiguous(), values, scale)
 
 
 # -- blocks of queries whose masks are laid out from the same small parts: one autograd node for all ---------------
