@@ -736,6 +736,38 @@ def test_readme_quotes_alibi_laid_out_block_by_block():
     assert f"(time {min(times):.2f}–{max(times):.2f}, memory {min(mems):.2f}–{max(mems):.2f}×)" in para
 
 
+def test_readme_quotes_t5_with_its_encoder_gradient_per_diagonal():
+    """The README's paragraph on benchmarks/results/t5_offsets (and its L2048/): L = 2048 against batches_epyc_2/L2048,
+    goals held and missed at L = 512 and 1024 against batches_epyc_2, from the runs."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**T5's encoder gradient, per diagonal**", 1)[1].split("**", 1)[0]
+
+    def load(folder):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "t5"}
+        return rows, sum(d["wall_s"] for d in docs.values()) / 60
+
+    (grid, m1), (long, m2) = load("t5_offsets"), load("t5_offsets/L2048")
+    before, before_long = load("batches_epyc_2")[0], load("batches_epyc_2/L2048")[0]
+    assert "8 min with its `L2048/`" in para and round(m1 + m2) == 8
+    times, times_before = (" and ".join(f"{rows[2048, i]['time_ratio']:.2f}" for i in (1, 2)) for rows in (long, before_long))
+    assert f"took {times} of `none`'s at batch 1 and 2 ({times_before} before)" in para
+    mem = " and ".join(f"{long[2048, i]['memory_ratio']:.2f}×" for i in (1, 2))
+    mem_before = " and ".join(f"{before_long[2048, i]['memory_ratio']:.2f}×" for i in (1, 2))
+    assert f"peak memory was {mem} ({mem_before})" in para
+    assert long[2048, 2]["memory_met"] and not long[2048, 1]["memory_met"]
+    assert not any(long[2048, i]["time_met"] for i in (1, 2))
+    held = sorted(k for k, r in grid.items() if r["time_met"])
+    assert len(held) == 6 == sum(r["time_met"] for r in before.values()) and "held at 6 of the 8 shapes" in para
+    assert sorted(set(grid) - set(held)) == [(1024, 1), (1024, 2)]
+    assert f"L = 1024 read {grid[1024, 1]['time_ratio']:.2f} at batch 1 ({before[1024, 1]['time_ratio']:.2f} before)" in para
+    assert f"{grid[1024, 2]['time_ratio']:.2f} at batch 2, just over ({before[1024, 2]['time_ratio']:.2f})" in para
+    mems = [r["memory_ratio"] for r in grid.values()]
+    assert all(r["memory_met"] for r in grid.values()) and f"({min(mems):.2f}–{max(mems):.2f}×)" in para
+
+
 def test_readme_quotes_deberta_in_one_node():
     """The README's paragraph on benchmarks/results/deberta_blocks: goals held and missed, and the unchanged shape
     (L = 512, batch 1, explicit path) read against batches_epyc_2, from the runs."""

@@ -186,6 +186,11 @@ RESULT_COMMANDS = {
     "benchmarks/results/deberta_blocks": "python -m benchmarks.run --only train,memory --schemes deberta --lengths "
                                          "512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/deberta_blocks "
                                          "(DeBERTa's grid after a layer's blocks ran in one node)",
+    "benchmarks/results/t5_offsets": "python -m benchmarks.run --only train,memory --schemes t5 --lengths 512,1024 "
+                                     "--batches 1,2,8,16 --repeats 3 --out benchmarks/results/t5_offsets (T5's grid "
+                                     "after its encoder's bias gradient was summed per diagonal block by block)",
+    "benchmarks/results/t5_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes t5 --lengths 2048 "
+                                           "--batches 1,2 --repeats 3 --out benchmarks/results/t5_offsets/L2048",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",
