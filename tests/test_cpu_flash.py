@@ -125,17 +125,15 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, writ
         loss.backward()
         results[fused] = loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         used = {name for name, seen in calls.items() if seen}
-        expected = {"t5": "flash_attention", "xlnet": "flash_scores", "deberta": "flash_blocks", "shaw": "shaw_attention"}
+        expected = {"t5": "flash_attention", "xlnet": "flash_blocks", "deberta": "flash_blocks", "shaw": "shaw_attention"}
         assert used == ({expected[pe]} if fused else set())
         assert all(len(a[-1]) >= 3 for a in calls["shaw_attention"])  # Shaw: its blocks in one call
     torch.testing.assert_close(results[True][0], results[False][0], atol=1e-6, rtol=1e-5)
     assert results[True][1].keys() == results[False][1].keys()
     for name, grad in results[False][1].items():
         torch.testing.assert_close(results[True][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
-    if pe == "xlnet":  # a causal block of the decoder sees only the keys up to its last query
-        assert {a[1].shape[2] for a in calls["flash_scores"]} >= {4, 8, 11}
-    if pe == "deberta":  # the same, the blocks of a layer in one call
-        assert any([n for _, _, n in a[4]] == [4, 8, 11] for a in calls["flash_blocks"])
+    if pe in ("xlnet", "deberta"):  # a causal block of the decoder sees only the keys up to its last query
+        assert any([n for _, _, n in a[4]] == [4, 8, 11] for a in calls["flash_blocks"])  # a layer's blocks in one call
     if pe == "shaw":
         assert {blk[2].index.shape[1] for a in calls["shaw_attention"] for blk in a[-1]} >= {4, 8, 11}
     if pe == "t5" and not padded:  # a bias shared over the batch: one fused call per layer, not per block
@@ -217,25 +215,43 @@ def test_fused_blocks_below_the_threshold_give_the_same_loss_and_gradients(pe, p
             assert fused_min is None or len(calls) >= 4
 
 
+@pytest.mark.parametrize("pe", ["deberta", "xlnet"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_deberta_runs_a_layers_blocks_in_one_node_from_parts_projected_once(padded, monkeypatch):
-    """DeBERTa's projected tables are the same for every query block (shared_score_parts): each layer projects
-    them once and runs all its blocks in one flash_blocks node, the mask's gradient reaching q, k and the tables;
-    loss and every gradient equal the explicit path's.  XLNet's parts depend on the block: a node per block."""
+def test_a_layers_blocks_run_in_one_node_from_parts_made_once(pe, padded, monkeypatch):
+    """DeBERTa's projected tables (the same for every query block) and XLNet's projected distances (a block's rows
+    of them) are made once per layer (block_parts), and all of a layer's blocks run in one flash_blocks node, the
+    mask's gradient reaching q, k and the parts; loss and every gradient equal the explicit path's."""
     from posenc_lib.schemes.deberta import DebertaDisentangled
     from posenc_lib.schemes.xlnet import XLNetRelative
 
-    assert DebertaDisentangled.shared_score_parts and not XLNetRelative.shared_score_parts
-    projections = []
-    real = DebertaDisentangled.score_parts
-    monkeypatch.setattr(DebertaDisentangled, "score_parts", lambda self, *a: projections.append(1) or real(self, *a))
+    cls = {"deberta": DebertaDisentangled, "xlnet": XLNetRelative}[pe]
+    made, cut = [], []
+    real_parts, real_block = cls.score_parts, cls.block_parts
+    monkeypatch.setattr(cls, "score_parts", lambda self, *a: made.append(1) or real_parts(self, *a))
+    monkeypatch.setattr(cls, "block_parts", lambda self, parts, *a: cut.append(a[1:]) or real_block(self, parts, *a))
     monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)  # 3 blocks of the 11 target and 13 source positions
-    results = _explicit_then_fused("deberta", padded, monkeypatch)
+    results = _explicit_then_fused(pe, padded, monkeypatch)
     assert results[None][2] == []
     assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 4  # 2 encoder + 2 decoder layers, one node each
-    assert len(projections) == 4 + 4  # once per layer in each setting (explicit: one piece per layer)
-    xlnet = _explicit_then_fused("xlnet", padded, monkeypatch)[3 * 4 * 11 * 11][2]
-    assert xlnet.count("flash_scores") >= 2 * 3 and "flash_blocks" not in xlnet
+    assert len(made) == 4 + 4  # once per layer in each setting (explicit: one piece per layer)
+    # the decoder's causal blocks against the keys up to their last query, in the forward and the backward pass
+    assert {(0, 4, 4), (4, 8, 8), (8, 11, 11)} <= set(cut) and {(0, 4, 13), (12, 13, 13)} <= set(cut)
+
+
+def test_xlnet_block_parts_are_the_rows_its_slices_of_r_project():
+    """XLNet's share of the projected distances for a block is R's rows that query_slice and key_slice keep, projected."""
+    set_seed(0)
+    scheme = make_scheme("xlnet", 32, 4, 1, causal=True)
+    mha = MultiHeadAttention(32, 4)
+    pos = torch.arange(11)
+    ctx = scheme.prepare(pos, pos)
+    q = torch.zeros(1, 4, 11, 8)
+    whole = scheme.score_parts(q, ctx, 0, mha)
+    for start, end, n in [(0, 4, 4), (4, 8, 8), (8, 11, 11), (4, 8, 11)]:
+        sliced = scheme.key_slice(scheme.query_slice(ctx, start, end), n)
+        expected = scheme.score_parts(q[:, :, start:end], sliced, 0, mha)
+        for got, want in zip(scheme.block_parts(whole, ctx, start, end, n), expected):
+            torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("pe", ["t5", "shaw", "xlnet", "deberta"])

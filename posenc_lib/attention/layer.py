@@ -155,9 +155,10 @@ class PositionScheme(nn.Module):
     adds_values = False
     #: the number of positions the scheme can code (a learned table's rows), or None for any
     max_positions: int | None = None
-    #: True when ``score_parts(q, ctx, ...)`` is the same for every query block of a call (it reads no sliced part
-    #: of ``ctx``): the fused CPU path then projects the parts once per layer and runs all blocks in one node
-    shared_score_parts = False
+    #: ``block_parts(parts, ctx, start, end, n)``, where a scheme defines it: query block ``start:end``'s share (against
+    #: keys ``0:n``) of the parts ``score_parts`` made for the whole call (the same parts, or rows of them); the fused
+    #: CPU path then makes the parts once per layer and runs all of a layer's blocks in one node
+    block_parts = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -447,7 +448,7 @@ class MultiHeadAttention(nn.Module):
             shared = not pos.adds_scores and (allowed is None or allowed.shape[0] == 1)
             if pos.adds_values:  # the scheme computes its value term from the kernel's lse itself
                 out, blocks = pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks), []
-            elif bias is None and getattr(pos, "score_parts", None) is not None and pos.shared_score_parts:
+            elif bias is None and getattr(pos, "score_parts", None) is not None and pos.block_parts is not None:
                 out, blocks = _shared_parts_attention(pos, q, k, v, ctx, layer, self, scale, allowed, blocks), []
             elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
                 outs = []
@@ -636,12 +637,13 @@ class _OffsetRows(torch.autograd.Function):
 
 def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, allowed, blocks) -> torch.Tensor:
     """Attention over query blocks in the fused kernel for a scheme whose score terms are built from ``q``, ``k``
-    and parts that are the same for every block (``shared_score_parts``: DeBERTa's projected relative tables):
-    the parts are projected once per layer and every block runs in one autograd node (:func:`cpu_flash.flash_blocks`),
-    its mask built from its rows of ``q``, the keys it can see and the parts, again in the backward pass.  Against
-    a node per block with the parts projected for each (DeBERTa's whole step at L = 1024, median of 6-8 interleaved
-    repeats over ``none``'s, two runs): 1.96 -> 1.83 and 2.03 -> 1.90 at batch 1, 1.82 -> 1.79 and 1.90 -> 1.88 at
-    batch 2."""
+    and parts made once for the whole call (``block_parts``: DeBERTa's projected relative tables, the same for every
+    block; XLNet's projected distances, a block's rows of them): the parts are made once per layer and every block
+    runs in one autograd node (:func:`cpu_flash.flash_blocks`), its mask built from its rows of ``q``, the keys it
+    can see and its share of the parts, again in the backward pass.  Against a node per block with its parts made
+    for it (whole step, median of 6-8 interleaved repeats over ``none``'s): DeBERTa at L = 1024 1.96 -> 1.83 and
+    2.03 -> 1.90 at batch 1 (two runs), 1.82 -> 1.79 and 1.90 -> 1.88 at batch 2; XLNet 1.92 -> 1.67 at batch 1 and
+    1.90 -> 1.79 at batch 2, L = 1024, 2.24 -> 2.07 at batch 1, L = 2048."""
     k_len = k.shape[2]
     spans, contexts, masks = [], [], []
     for start, end in blocks:
@@ -657,6 +659,7 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
 
     def build(i, q, k, *parts):
         start, end, n = spans[i]
+        parts = pos.block_parts(parts, ctx, start, end, n)
         return _mask_from_parts(pos, contexts[i], scale, masks[i], q[:, :, start:end], k[:, :, :n], *parts)
 
     return cpu_flash.flash_blocks(q, k, v, scale, spans, build, q, k, *pos.score_parts(q, ctx, layer, attn))

@@ -132,7 +132,6 @@ class DebertaDisentangled(PositionScheme):
     name = "deberta"
     where = "scores"
     score_terms = 3
-    shared_score_parts = True  # the projected tables depend on the layer only
 
     def __init__(
         self, d_model, n_heads, num_layers, causal=False, position_buckets: int = 32, max_relative_positions: int = 128
@@ -177,6 +176,10 @@ class DebertaDisentangled(PositionScheme):
         pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
         pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
         return pos_q, pos_k
+
+    def block_parts(self, parts, ctx, start, end, n):
+        """The projected tables depend on the layer only: every query block uses them whole."""
+        return parts
 
     def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
         """c2p + p2c from the projected tables ``parts``, times ``scale`` (applied to the tables)."""

@@ -152,6 +152,13 @@ class XLNetRelative(PositionScheme):
         """What the score terms are built from: the projected distances ``R W_r`` and the biases ``u``, ``v``."""
         return ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype), self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)
 
+    def block_parts(self, parts, ctx, start, end, n):
+        """Query block ``start:end``'s rows of the projected distances (against keys ``0:n``), as :meth:`query_slice`
+        and :meth:`key_slice` cut ``R``; ``u`` and ``v`` whole."""
+        r, u, v = parts
+        first = ctx["q_pos"].numel() - end
+        return r[first : first + (end - start) + n - 1], u, v
+
     def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
         """The score terms (c), (b)+(d) from ``parts``, times ``scale`` (applied to the small factors)."""
         r, u, v = parts
