@@ -768,6 +768,42 @@ def test_readme_quotes_t5_with_its_encoder_gradient_per_diagonal():
     assert all(r["memory_met"] for r in grid.values()) and f"({min(mems):.2f}–{max(mems):.2f}×)" in para
 
 
+def test_readme_quotes_xlnet_in_one_node():
+    """The README's paragraph on benchmarks/results/xlnet_blocks (and its L2048/): L = 2048 against
+    batches_epyc_2/L2048, the goals at L = 512 and 1024, and none's peak at L = 512, batch 1 in each run quoted."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**XLNet's blocks in one node**", 1)[1].split("**", 1)[0]
+
+    def load(folder):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "xlnet"}
+        return rows, sum(d["wall_s"] for d in docs.values()) / 60
+
+    def none_peak(folder):
+        doc = json.loads((RESULTS / folder / "memory_batches.json").read_text())
+        return doc["results"]["batches"]["1"]["lengths"]["512"]["schemes"]["none"]["peak_mb"]
+
+    (grid, m1), (long, m2) = load("xlnet_blocks"), load("xlnet_blocks/L2048")
+    before_long = load("batches_epyc_2/L2048")[0]
+    assert "10 min with its `L2048/`" in para and round(m1 + m2) == 10
+    pair = lambda rows, key, unit="": " and ".join(f"{rows[2048, b][key]:.2f}{unit}" for b in (1, 2))  # noqa: E731
+    assert f"took {pair(long, 'time_ratio')} of `none`'s at batch 1 and 2 ({pair(before_long, 'time_ratio')} before)" in para
+    assert long[2048, 1]["time_met"] and not long[2048, 2]["time_met"] and long[2048, 1]["time_goal"] == 2.0
+    assert f"peak memory {pair(long, 'memory_ratio', '×')} ({pair(before_long, 'memory_ratio', '×')})" in para
+    assert all(long[2048, b]["memory_met"] for b in (1, 2))
+    assert sorted(grid) == [(length, b) for length in (512, 1024) for b in (1, 2, 8, 16)]
+    times = [r["time_ratio"] for r in grid.values()]
+    assert all(r["time_met"] for r in grid.values()) and f"all 8 shapes ({min(times):.2f}–{max(times):.2f})" in para
+    assert [k for k, r in grid.items() if not r["memory_met"]] == [(512, 1)]
+    assert f"except at L = 512, batch 1 ({grid[512, 1]['memory_ratio']:.2f}×)" in para
+    assert 1 * 8 * 512 * 512 < 2**22  # below the fused path's threshold: the explicit path, unchanged
+    assert f"({none_peak('xlnet_blocks'):.0f} MiB here, {none_peak('batches_epyc_2'):.0f} MiB in `batches_epyc_2/`" in para
+    others = [none_peak(f) for f in ("deberta_blocks", "t5_offsets", "alibi_offsets")]
+    assert f"{min(others):.0f}–{max(others):.0f} MiB in the runs beside this one" in para
+
+
 def test_readme_quotes_deberta_in_one_node():
     """The README's paragraph on benchmarks/results/deberta_blocks: goals held and missed, and the unchanged shape
     (L = 512, batch 1, explicit path) read against batches_epyc_2, from the runs."""
@@ -806,7 +842,7 @@ def test_readme_quotes_the_batch_axis_on_the_current_library():
     from benchmarks.report import batch_goals
 
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    para = text.split("**The batch axis on the library as it is now**", 1)[1].split("**", 1)[0]
+    para = text.split("**The batch axis after T5's per-block bias**", 1)[1].split("**", 1)[0]
 
     def load(folder):
         docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}

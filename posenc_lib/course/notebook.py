@@ -191,6 +191,11 @@ RESULT_COMMANDS = {
                                      "after its encoder's bias gradient was summed per diagonal block by block)",
     "benchmarks/results/t5_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes t5 --lengths 2048 "
                                            "--batches 1,2 --repeats 3 --out benchmarks/results/t5_offsets/L2048",
+    "benchmarks/results/xlnet_blocks": "python -m benchmarks.run --only train,memory --schemes xlnet --lengths 512,1024 "
+                                       "--batches 1,2,8,16 --repeats 3 --out benchmarks/results/xlnet_blocks (XLNet's "
+                                       "grid after a layer's blocks ran in one node)",
+    "benchmarks/results/xlnet_blocks/L2048": "python -m benchmarks.run --only train,memory --schemes xlnet --lengths "
+                                             "2048 --batches 1,2 --repeats 3 --out benchmarks/results/xlnet_blocks/L2048",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",
