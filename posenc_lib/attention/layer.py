@@ -464,13 +464,13 @@ class MultiHeadAttention(nn.Module):
                     kb, vb = k[:, :, :k_end], v[:, :, :k_end]
                     outs.append(cpu_flash.flash_scores(q[:, :, start:end], kb, vb, scale, build, *parts))
                 out, blocks = torch.cat(outs, dim=2), []
-            elif shared and not path.causal_mask and _learned_offsets(pos, ctx, bias) is not None:
+            elif shared and not path.causal_mask and (values := _learned_offsets(pos, ctx, bias)) is not None:
                 # a non-causal call with a learned bias of one value per offset (T5's encoder): one fused call, the
                 # gradient summed per diagonal block by block, never a whole gradient of the bias.  Against the
                 # whole bias's gradient per layer (whole step, median of 6 interleaved repeats over none's):
                 # 1.51 -> 1.42 at batch 1, L = 2048; 1.43 -> 1.36 at batch 1 and 1.31 -> 1.28 at batch 2, L = 1024
                 mask = bias.detach() if allowed is None else bias.detach().masked_fill(~allowed, float("-inf"))
-                out = cpu_flash.flash_whole_offsets(q, k, v, mask, _learned_offsets(pos, ctx, bias), scale)
+                out = cpu_flash.flash_whole_offsets(q, k, v, mask, values, scale)
                 blocks = []
             elif shared:  # a bias shared over the batch: one fused call, its gradient summed block by block
                 out, blocks = attend_flash(q, allowed, bias, ctx, blocks), []
