@@ -804,6 +804,33 @@ def test_readme_quotes_xlnet_in_one_node():
     assert f"{min(others):.0f}–{max(others):.0f} MiB in the runs beside this one" in para
 
 
+def test_readme_quotes_compiled_decoding_on_the_amd_epyc():
+    """The README's paragraph on benchmarks/results/decode_compiled_epyc: speed-ups eager and compiled, the schemes the
+    compiled step helps, compile times and identical tokens, from the run."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Compiled decoding on the AMD EPYC**", 1)[1].split("**", 1)[0]
+    doc = json.loads((RESULTS / "decode_compiled_epyc" / "decode.json").read_text())
+    assert "AMD EPYC" in doc["machine"]["cpu_model"] and doc["machine"]["torch_threads"] == 2
+    assert doc["config"]["decode_batch"] == 8 and doc["config"]["decode_compile"]
+    assert f"{round(doc['wall_s'] / 60)} min" in para
+    runs = doc["results"]["schemes"]
+    eager, comp = [r["speedup"] for r in runs.values()], [r["speedup_compiled"] for r in runs.values()]
+    assert f"the cache gave {min(eager):.1f}–{max(eager):.1f}× and the compiled step {min(comp):.1f}–{max(comp):.1f}×" in para
+    faster = [pe for pe, r in runs.items() if r["speedup_compiled"] > r["speedup"]]
+    assert f"for only {len(faster)} of the {len(runs)} schemes ({', '.join(faster)})" in para
+    secs = [r["compile_s"] for r in runs.values()]
+    assert f"after {min(secs):.0f}–{max(secs):.0f} s of compiling per scheme" in para
+    assert all(r["identical"] and r["identical_compiled"] for r in runs.values()) and "identical both ways" in para
+    assert max(eager + comp) < 7 and "The 7× goal is not met on either machine" in para
+    from benchmarks.common import BenchConfig, make_model
+
+    model = make_model("none", BenchConfig())
+    decoder = sum(p.numel() for name, p in model.named_parameters() if name.startswith("decoder.")) * 4 / 1e6
+    output = model.embed.weight.numel() * 4 / 1e6
+    assert round(output) == 8 and round(decoder + output) == 17
+    assert "about 17 MB, 8 MB of it the output matrix, for 8 rows" in para
+
+
 def test_readme_quotes_deberta_in_one_node():
     """The README's paragraph on benchmarks/results/deberta_blocks: goals held and missed, and the unchanged shape
     (L = 512, batch 1, explicit path) read against batches_epyc_2, from the runs."""

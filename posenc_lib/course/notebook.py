@@ -196,6 +196,8 @@ RESULT_COMMANDS = {
                                        "grid after a layer's blocks ran in one node)",
     "benchmarks/results/xlnet_blocks/L2048": "python -m benchmarks.run --only train,memory --schemes xlnet --lengths "
                                              "2048 --batches 1,2 --repeats 3 --out benchmarks/results/xlnet_blocks/L2048",
+    "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
+                                               "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",
