@@ -453,12 +453,7 @@ class MultiHeadAttention(nn.Module):
             elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
                 outs = []
                 for start, end in blocks:
-                    ctx_b, (rows, k_end) = pos.query_slice(ctx, start, end), _block_keys(allowed, start, end, k_len)
-                    trimmed = pos.key_slice(ctx_b, k_end) if k_end < k_len else None
-                    if trimmed is not None:
-                        ctx_b = trimmed
-                    else:  # a scheme that cannot drop keys: all of them
-                        rows, k_end = _rows(allowed, start, end), k_len
+                    ctx_b, rows, k_end = _block_context(pos, ctx, allowed, start, end, k_len)
                     build = functools.partial(_mask_from_parts, pos, ctx_b, scale, rows)
                     parts = pos.score_parts(q, ctx_b, layer, self)
                     kb, vb = k[:, :, :k_end], v[:, :, :k_end]
@@ -635,6 +630,17 @@ class _OffsetRows(torch.autograd.Function):
         return diagonal_sums(grad.sum(0) if grad.shape[0] > 1 else grad[0]), None, None
 
 
+def _block_context(pos, ctx, allowed, start: int, end: int, k_len: int):
+    """``(ctx_b, rows, n)`` for query block ``start:end`` of a score-term scheme: its context, its rows of the
+    boolean mask and ``n``, one past the last key it may see; the keys after ``n`` are dropped from the context
+    where the scheme can (``key_slice``), else the block runs against all ``k_len`` keys."""
+    ctx_b, (rows, n) = pos.query_slice(ctx, start, end), _block_keys(allowed, start, end, k_len)
+    trimmed = pos.key_slice(ctx_b, n) if n < k_len else None
+    if trimmed is not None:
+        return trimmed, rows, n
+    return ctx_b, _rows(allowed, start, end), k_len  # a scheme that cannot drop keys: all of them
+
+
 def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, allowed, blocks) -> torch.Tensor:
     """Attention over query blocks in the fused kernel for a scheme whose score terms are built from ``q``, ``k``
     and parts made once for the whole call (``block_parts``: DeBERTa's projected relative tables, the same for every
@@ -647,12 +653,7 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
     k_len = k.shape[2]
     spans, contexts, masks = [], [], []
     for start, end in blocks:
-        ctx_b, (rows, n) = pos.query_slice(ctx, start, end), _block_keys(allowed, start, end, k_len)
-        trimmed = pos.key_slice(ctx_b, n) if n < k_len else None
-        if trimmed is not None:
-            ctx_b = trimmed
-        else:  # a scheme that cannot drop keys: all of them
-            rows, n = _rows(allowed, start, end), k_len
+        ctx_b, rows, n = _block_context(pos, ctx, allowed, start, end, k_len)
         spans.append((start, end, n))
         contexts.append(ctx_b)
         masks.append(rows)
