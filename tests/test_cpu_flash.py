@@ -143,6 +143,83 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, writ
         assert any(a[5] == [(0, 4, 4), (4, 8, 8), (8, 11, 11)] for a in calls["flash_attention"])
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_shaw_outer_keys_in_the_kernel_without_a_mask_equal_the_naive_reference(causal, padded):
+    """Keys more than k positions from every query of a block (all at the table's first or last row) run in the
+    kernel without a mask, joined to the strip between through the log-sum-exps: output and every gradient equal
+    the paper's (L, L, d) form, with a causal mask and with padded keys (a side holding a padded key stays in
+    the strip)."""
+    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_sides, shaw_values_naive
+
+    g = torch.Generator().manual_seed(3)
+    b, h, length, d, k_max, rows = 2, 3, 24, 5, 3, 6
+    q, k, v = (torch.randn(b, h, length, d, generator=g, requires_grad=True) for _ in range(3))
+    table_k, table_v = (torch.randn(2 * k_max + 1, d, generator=g, requires_grad=True) for _ in range(2))
+    pos = torch.arange(length)
+    index = shaw_index(pos, pos, k_max)
+    allowed = torch.ones(b, 1, length, length, dtype=torch.bool)
+    if causal:
+        allowed &= pos[None, :] <= pos[:, None]
+    if padded:
+        allowed[0, :, :, length - 5 :] = False
+    scores = (shaw_scores_naive(q, k, table_k, index) * 0.4).masked_fill(~allowed, float("-inf"))
+    ref = shaw_values_naive(torch.softmax(scores, -1), v, table_v, index)
+    d_out = torch.randn(ref.shape, generator=g)
+    blocks = []
+    for start in range(0, length, rows):
+        end = start + rows
+        n = end if causal and not padded else length  # a causal block needs no key after its last query
+        block_allowed = allowed[:, :, start:end, :n] if padded else allowed[:1, :, start:end, :n]
+        blocks.append((start, end, shaw_plan(index[start:end, :n], 2 * k_max + 1), block_allowed))
+        lo, hi = shaw_sides(blocks[-1][2])  # consecutive positions: every row at least k keys away
+        assert (lo, hi) == (max(0, start - k_max + 1), min(n, end - 1 + k_max))
+    out = cpu_flash.shaw_attention(q, k, v, table_k, table_v, 0.4, blocks)
+    splits = [cpu_flash._shaw_split(plan, a)[:2] for _, _, plan, a in blocks]
+    assert splits[2] == ((10, 24) if padded else (10, 18) if causal else (10, 20))  # a side left, right if allowed
+    leaves = (q, k, v, table_k, table_v)
+    for name, got, want in zip(("out", "dq", "dk", "dv", "dtable_k", "dtable_v"),
+                               (out, *torch.autograd.grad(out, leaves, d_out)),
+                               (ref, *torch.autograd.grad(ref, leaves, d_out))):  # fmt: skip
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_shaw_model_with_outer_keys_gives_the_explicit_loss_and_gradients(padded, monkeypatch):
+    """A Shaw model whose blocks have keys beyond the clipping distance on both sides (k = 2, blocks of 4 rows of 13
+    and 11 positions): the fused path splits them off and gives the explicit path's loss and gradients."""
+    set_seed(0)
+    model = build_model("shaw", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                        max_relative_position=2).train()  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 12), generator=g)
+    pads = {}
+    if padded:
+        src_pad = torch.zeros(3, 13, dtype=torch.bool)
+        src_pad[0, 10:] = True
+        pads = dict(src_key_padding_mask=src_pad)
+    split, real = [], cpu_flash._shaw_split
+
+    def spy(plan, allowed):
+        s0, s1, *rest = real(plan, allowed)
+        split.append((s0, s1) != (0, plan.index.shape[1]))
+        return (s0, s1, *rest)
+
+    monkeypatch.setattr(cpu_flash, "_shaw_split", spy)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    results = []
+    for fused_min in (None, 3 * 4 * 11 * 11):
+        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert any(split) and not all(split)  # some blocks split, the first ones (no key k away) not
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_the_naive_shaw_contrast_keeps_the_explicit_path():
     from benchmarks.common import ShawNaive
     from posenc_lib.schemes.shaw import ShawRelative

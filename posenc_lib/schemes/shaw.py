@@ -37,7 +37,7 @@ Taught in notebooks/05_relative_shaw.ipynb.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -63,6 +63,7 @@ class ShawPlan:
     ``ends: (Lq, Lk, 2)`` float 0/1 masks of the keys in the first and last row;
     ``fast``: False if an inner row is hit twice in some query row (then scatter-add is used);
     checked on CPU only, assumed for an index on an accelerator (distinct key positions).
+    ``subs``: what is worked out from the plan once (:func:`shaw_sides`, :func:`shaw_sub_plan`).
     """
 
     index: torch.Tensor
@@ -71,6 +72,7 @@ class ShawPlan:
     band_ok: torch.Tensor
     ends: torch.Tensor
     fast: bool
+    subs: dict = field(default_factory=dict, repr=False, compare=False)
 
 
 def shaw_plan(index: torch.Tensor, rows: int) -> ShawPlan:
@@ -92,6 +94,28 @@ def shaw_plan(index: torch.Tensor, rows: int) -> ShawPlan:
     band_ok = (band_j >= 0).float()
     ends = torch.stack((index == 0, index == rows - 1), dim=-1).float()
     return ShawPlan(index, rows, band_j.clamp(min=0), band_ok, ends, fast)
+
+
+def shaw_sides(plan: ShawPlan) -> tuple[int, int]:
+    """``(lo, hi)``: keys ``0:lo`` are at the table's first row in every query row of ``plan``, keys ``hi:Lk`` at its
+    last (``(0, Lk)`` off the CPU: no host read); worked out once per plan."""
+    if "sides" not in plan.subs:
+        index, lk = plan.index, plan.index.shape[1]
+        lo, hi = 0, lk
+        if on_host(index) and index.numel():
+            lo = int((index == 0).all(0).cumprod(0).sum())
+            hi = max(lo, lk - int((index == plan.rows - 1).all(0).flip(0).cumprod(0).sum()))
+        plan.subs["sides"] = lo, hi
+    return plan.subs["sides"]
+
+
+def shaw_sub_plan(plan: ShawPlan, start: int, end: int) -> ShawPlan:
+    """The plan of keys ``start:end`` of ``plan``'s index (built once per plan and key range)."""
+    if (start, end) == (0, plan.index.shape[1]):
+        return plan
+    if (start, end) not in plan.subs:
+        plan.subs[start, end] = shaw_plan(plan.index[:, start:end], plan.rows)
+    return plan.subs[start, end]
 
 
 def _gather_rows(s: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
