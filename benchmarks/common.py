@@ -154,6 +154,8 @@ def attention_settings() -> dict:
         "layer.FUSED_MIN_ELEMENTS": layer.FUSED_MIN_ELEMENTS,
         "layer.FLUSH_MIN_ELEMENTS": layer.FLUSH_MIN_ELEMENTS,
         "layer.FUSED_BLOCK_ROWS": layer.FUSED_BLOCK_ROWS,
+        "layer.SIDED_BLOCK_ROWS": layer.SIDED_BLOCK_ROWS,
+        "cpu_flash.SIDE_MIN_KEYS": cpu_flash.SIDE_MIN_KEYS,
         "cpu_flash.WORKSPACE_ELEMENTS": cpu_flash.WORKSPACE_ELEMENTS,
         "cpu_flash.WRITTEN_BACKWARD": cpu_flash.WRITTEN_BACKWARD,
         "cpu_flash.BACKWARD_BLOCK_ROWS": cpu_flash.BACKWARD_BLOCK_ROWS,
@@ -171,6 +173,7 @@ class ShawNaive(ShawRelative):
 
     name = NAIVE_SHAW
     fused_cpu_attention = None  # the textbook tables everywhere: no fused CPU path (posenc_lib/attention/cpu_flash.py)
+    clipped_sides = False
 
     def scores(self, q, k, ctx, layer, attn):
         a_k = self.table_k[layer].to(q.dtype)[ctx["index"]]  # (Lq, Lk, d)

@@ -10,6 +10,16 @@ from posenc_lib.attention import layer as attention
 from posenc_lib.attention.layer import MultiHeadAttention
 
 
+SIDED_BLOCK_ROWS = attention.SIDED_BLOCK_ROWS
+
+
+@pytest.fixture(autouse=True)
+def _blocks_as_set(monkeypatch):
+    """The tests below choose the block size through FUSED_BLOCK_ROWS for every scheme (the schemes with clipped
+    sides otherwise use SIDED_BLOCK_ROWS); a test that checks that choice sets it back."""
+    monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", None)
+
+
 def _explicit(q, k, v, mask, scale):
     return torch.softmax(q @ k.transpose(-1, -2) * scale + mask, dim=-1) @ v
 
@@ -115,7 +125,7 @@ def test_blocked_model_uses_it_with_the_same_loss_and_gradients(pe, padded, writ
     calls = {"flash_attention": [], "flash_scores": [], "shaw_attention": [], "flash_blocks": []}
     for name, seen in calls.items():
         real = getattr(cpu_flash, name)
-        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, seen=seen: seen.append(a) or real(*a))
+        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, seen=seen, **kw: seen.append(a) or real(*a, **kw))
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 3 * 4 * 4 * 13)  # blocks of 4 query rows
     results = {}
     for fused in (False, True):
@@ -220,6 +230,49 @@ def test_shaw_model_with_outer_keys_gives_the_explicit_loss_and_gradients(padded
         torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_deberta_keys_beyond_the_clipping_run_without_a_mask_with_the_explicit_loss_and_gradients(padded, monkeypatch):
+    """DeBERTa's keys that are clipped to one bucket for every row of a block (4 buckets, relative positions up to 4,
+    blocks of 4 rows of 20 and 15 positions) run in the kernel without a mask on q + Q^r, their c2p term folded
+    into the log-sum-exp: the loss and every gradient equal the explicit path's, encoder (both sides) and causal
+    decoder (the left side), with padded keys (a side holding one stays with the strip)."""
+    set_seed(0)
+    model = build_model("deberta", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                        position_buckets=4, max_relative_positions=4).train()  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (3, 20), generator=g), torch.randint(4, 31, (3, 16), generator=g)
+    pads = {}
+    if padded:
+        src_pad = torch.zeros(3, 20, dtype=torch.bool)
+        src_pad[0, 17:] = True
+        pads = dict(src_key_padding_mask=src_pad)
+    seen, real = [], cpu_flash.flash_blocks
+
+    def spy(*a, ranges=None, sides=None):
+        seen.append((a[4], ranges))
+        return real(*a, ranges=ranges, sides=sides)
+
+    monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    results = []
+    for fused_min in (None, 3 * 4 * 15 * 15):
+        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    encoder = [r for blocks, r in seen if blocks[-1][2] == 20 and blocks[0][2] == 20]
+    decoder = [r for blocks, r in seen if blocks[0][2] == 4]
+    assert len(encoder) == len(decoder) == 2
+    # the bucket index is clipped for keys j <= i - 3 and j >= i + 4: rows 8-11 split off keys 0-5 and 15-19 in the
+    # encoder (the right side stays with the strip where a padded key sits there), keys 0-5 in the causal decoder
+    assert encoder[0][2] == ((6, 20) if padded else (6, 15))
+    assert decoder[0][2] == (6, 12) and decoder[0][0] == (0, 4)
+
+
 def test_the_naive_shaw_contrast_keeps_the_explicit_path():
     from benchmarks.common import ShawNaive
     from posenc_lib.schemes.shaw import ShawRelative
@@ -239,7 +292,7 @@ def _spy_paths(monkeypatch):
     calls = []
     for name in ("flash_attention", "flash_scores", "shaw_attention", "flash_blocks", "flash_whole_offsets"):
         real = getattr(cpu_flash, name)
-        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, name=name, **kw: calls.append(name) or real(*a, **kw))
     return calls
 
 
@@ -336,6 +389,7 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     """Below FUSED_MIN_ELEMENTS (every training call of the lessons' small models, and the WMT14 finale's
     CPU batches) and without gradients the explicit path runs, so their trained numbers stay as they were;
     a training call at the measured crossover takes the fused path."""
+    monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", SIDED_BLOCK_ROWS)  # Shaw's and DeBERTa's blocks: their own size
     set_seed(0)
     model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=1, dim_feedforward=64, dropout=0.0).train()
     calls = _spy_paths(monkeypatch)
@@ -352,9 +406,10 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     q = torch.zeros(b, 4, n, 8)
     path = attention.choose_attention_path(scheme, q_len=n, k_len=n, causal=False, padded=False)
     bias = scheme.bias(ctx, 0)
-    rows = attention.FUSED_BLOCK_ROWS
+    rows = SIDED_BLOCK_ROWS if pe in ("shaw", "deberta") else attention.FUSED_BLOCK_ROWS
+    assert SIDED_BLOCK_ROWS != attention.FUSED_BLOCK_ROWS
     expected = [(s, min(s + rows, n)) for s in range(0, n, rows)]
-    assert mha._query_blocks(q, n, path, scheme, ctx, bias) == expected  # fused, in blocks of FUSED_BLOCK_ROWS
+    assert rows < n and mha._query_blocks(q, n, path, scheme, ctx, bias) == expected  # fused, in blocks
     with torch.no_grad():
         assert mha._query_blocks(q, n, path, scheme, ctx, bias) is None  # inference: the explicit path as before
     assert mha._query_blocks(q, n, path, scheme, ctx, bias, 0.1) is None  # dropout: explicit

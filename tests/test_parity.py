@@ -110,17 +110,25 @@ def test_deberta_long_input_in_query_blocks_matches_transformers(monkeypatch):
     assert any(left > 0 for left, _ in ends) and any(right < n for _, right in ends)
 
 
-@pytest.mark.parametrize("fused_min", [None, 1])
-def test_deberta_matches_transformers_with_gradients(fused_min, monkeypatch):
-    """With gradients on, the explicit path and the fused CPU path in one block (``FUSED_MIN_ELEMENTS``) give
-    transformers' output and its gradient for the input and the query projection."""
+@pytest.mark.parametrize("path", ["explicit", "fused", "sides"])
+def test_deberta_matches_transformers_with_gradients(path, monkeypatch):
+    """With gradients on, the explicit path and the fused CPU path (in one block, ``FUSED_MIN_ELEMENTS``; or in blocks
+    of 6 rows with relative positions clipped at 10, so that the keys beyond run without a mask) give transformers'
+    output and its gradient for the input and the query projection."""
     from posenc_lib.attention import layer as attention
 
-    ref, scheme, attn = _deberta_pair()
-    monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+    ref, scheme, attn = _deberta_pair(max_rel=10) if path == "sides" else _deberta_pair()
+    monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", None if path == "explicit" else 1)
+    if path == "sides":
+        monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", 6)
     used = []
     real = attention.cpu_flash.flash_blocks  # a layer's blocks in one node, the tables projected once
-    monkeypatch.setattr(attention.cpu_flash, "flash_blocks", lambda *a: used.append(1) or real(*a))
+
+    def spy(*a, ranges=None, sides=None):
+        used.append(ranges)
+        return real(*a, ranges=ranges, sides=sides)
+
+    monkeypatch.setattr(attention.cpu_flash, "flash_blocks", spy)
     x = torch.randn(2, 30, 32, requires_grad=True)
     pos = torch.arange(30)
     ctx = scheme.prepare(pos, pos)
@@ -130,7 +138,9 @@ def test_deberta_matches_transformers_with_gradients(fused_min, monkeypatch):
     want = torch.autograd.grad(expected, [x, ref.query_proj.weight], d_out)
     got = attn(x, pos=scheme, ctx=ctx)
     have = torch.autograd.grad(got, [x, attn.q_proj.weight], d_out)
-    assert bool(used) == (fused_min is not None)
+    assert len(used) == (path != "explicit")
+    if path == "sides":  # buckets clipped for i - j >= 7 and <= -10: rows 12-17 split off keys 0-5 and 27-29
+        assert used[0][2] == (6, 27)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     for name, a, b in zip(("d_x", "d_query_proj"), have, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)

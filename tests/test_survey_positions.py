@@ -481,7 +481,7 @@ def test_fused_cpu_kernel_gives_the_same_loss_and_gradients(pe, padded, monkeypa
     calls = {"flash_attention": [], "flash_scores": []}
     for name, seen in calls.items():
         real = getattr(cpu_flash, name)
-        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, seen=seen: seen.append(a) or real(*a))
+        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, seen=seen, **kw: seen.append(a) or real(*a, **kw))
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 3 * 4 * 4 * 13)
     results = {}
     for fused in (False, True):

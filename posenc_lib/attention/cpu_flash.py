@@ -450,21 +450,23 @@ class _ShawFlash(torch.autograd.Function):
         return dq, dk, dv, dtable_k, dtable_v, None, None
 
 
-#: The fused Shaw path runs a block's outer key ranges (:func:`_shaw_split`) in the kernel without a mask only where
-#: a range holds at least this many keys (a shorter one stays in the strip).
-SHAW_SIDE_MIN_KEYS: int = 1
+#: The fused path of a scheme with a clipping distance (Shaw: :func:`_shaw_split`; DeBERTa: ``side_terms`` in
+#: :func:`flash_blocks`) runs a block's keys beyond that distance from all its rows in the kernel without a mask
+#: where they are at least this many (fewer stay with the laid-out strip); ``None``: never.
+SIDE_MIN_KEYS: int | None = 1
 
 
 def _shaw_split(plan, allowed):
     """``(s0, s1, strip, allowed)`` of a Shaw block: the keys ``s0:s1`` whose mask and weights are laid out (the
     strip: its plan and rows of the boolean mask); keys ``0:s0`` and ``s1:n`` are all at the table's first and last
     row (:func:`~posenc_lib.schemes.shaw.shaw_sides`) and allowed for every row, so they run in the kernel without a
-    mask.  A range that is short (:data:`SHAW_SIDE_MIN_KEYS`) or holds a masked key stays in the strip."""
+    mask.  A range that is short (:data:`SIDE_MIN_KEYS`) or holds a masked key stays in the strip."""
     from ..schemes.shaw import shaw_sides, shaw_sub_plan  # the scheme's module imports this one
 
     n, (lo, hi) = _keys(plan), shaw_sides(plan)
-    s0 = lo if lo >= SHAW_SIDE_MIN_KEYS and (allowed is None or bool(allowed[..., :lo].all())) else 0
-    s1 = hi if n - hi >= SHAW_SIDE_MIN_KEYS and (allowed is None or bool(allowed[..., hi:].all())) else n
+    least = n + 1 if SIDE_MIN_KEYS is None else SIDE_MIN_KEYS
+    s0 = lo if lo >= least and (allowed is None or bool(allowed[..., :lo].all())) else 0
+    s1 = hi if n - hi >= least and (allowed is None or bool(allowed[..., hi:].all())) else n
     if (s0, s1) == (0, n) or s1 <= s0:  # nothing split off, or no strip left
         return 0, n, plan, allowed
     return s0, s1, shaw_sub_plan(plan, s0, s1), None if allowed is None else allowed[..., s0:s1]
@@ -609,55 +611,102 @@ def flash_whole_offsets(q, k, v, mask: torch.Tensor, values: torch.Tensor, scale
 class _FlashBuiltBlocks(torch.autograd.Function):
     @staticmethod
     @_flushed
-    def forward(ctx, q, k, v, scale, blocks, build, *parts):
+    def forward(ctx, q, k, v, scale, blocks, build, ranges, sides, *parts):
+        b, h, q_len, d = q.shape
+        ranges = ranges or [(0, n) for _, _, n in blocks]
+        split = any(r != (0, n) for r, (_, _, n) in zip(ranges, blocks))
+        side_out = q.new_zeros(2, b, h, q_len, d) if split else None  # each outer key range's own output
+        side_lse = q.new_full((2, b, h, q_len), float("-inf")) if split else None  # and log-sum-exp
         out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1])
         with torch.no_grad():
-            for i, (start, end, n) in enumerate(blocks):
-                out[:, :, start:end], lse[:, :, start:end] = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q[:, :, start:end], k[:, :, :n], v[:, :, :n], 0.0, False, attn_mask=build(i, *parts), scale=scale
-                )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, *parts)
-        ctx.scale, ctx.blocks, ctx.build = scale, blocks, build
+            for i, ((start, end, n), (s0, s1)) in enumerate(zip(blocks, ranges)):
+                mask = build(i, *parts)
+                o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[:, :, start:end], k[:, :, s0:s1], v[:, :, s0:s1], 0.0, False, attn_mask=mask, scale=scale
+                )[:2]  # fmt: skip
+                if (s0, s1) == (0, n):
+                    out[:, :, start:end], lse[:, :, start:end] = o, l
+                    continue
+                l = l.masked_fill(torch.isneginf(mask).all(-1), float("-inf"))  # a row that sees no key in the strip
+                for slot, a, z, row, u in sides(i, *parts):
+                    side_out[slot, :, :, start:end], l_r = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                        q[:, :, start:end] + u, k[:, :, a:z], v[:, :, a:z], 0.0, False, scale=scale
+                    )[:2]  # fmt: skip
+                    side_lse[slot, :, :, start:end] = l_r + row
+                terms = torch.stack((l, *side_lse[:, :, :, start:end]))
+                lse[:, :, start:end] = l_all = torch.logsumexp(terms, dim=0)
+                w = torch.exp(terms - l_all)[..., None]  # each key range's share of the row's mass
+                o_b = o.mul_(w[0]).add_(side_out[0, :, :, start:end] * w[1])
+                out[:, :, start:end] = o_b.add_(side_out[1, :, :, start:end] * w[2])
+        ctx.save_for_backward(q, k, v, out, lse, side_out, side_lse, *parts)
+        ctx.scale, ctx.blocks, ctx.build, ctx.ranges, ctx.sides = scale, blocks, build, ranges, sides
         return out
 
     @staticmethod
     @_flushed
     def backward(ctx, dout):
-        q, k, v, out, lse, *parts = ctx.saved_tensors
-        scale, blocks = ctx.scale, ctx.blocks
+        q, k, v, out, lse, side_out, side_lse, *parts = ctx.saved_tensors
+        scale, blocks, ranges = ctx.scale, ctx.blocks, ctx.ranges
         dout = dout.contiguous()
-        leaves = [t.detach().requires_grad_(need) for t, need in zip(parts, ctx.needs_input_grad[6:])]
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(parts, ctx.needs_input_grad[8:])]
         wanted = [t for t in leaves if t.requires_grad]
         sums = [None] * len(wanted)
         b, h = q.shape[:2]
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        size = b * h * max((end - start) * n for start, end, n in blocks)
+        size = b * h * max((end - start) * (s1 - s0) for (start, end, _), (s0, s1) in zip(blocks, ranges))
         buffers = (q.new_empty(size), q.new_empty(size))
-        for i, (start, end, n) in enumerate(blocks):
+        for i, ((start, end, n), (s0, s1)) in enumerate(zip(blocks, ranges)):
+            split = (s0, s1) != (0, n)
             with torch.enable_grad():
                 mask = ctx.build(i, *leaves)
-            args = (q[:, :, start:end].contiguous(), k[:, :, :n].contiguous(), v[:, :, :n].contiguous())
-            o_b, l_b = out[:, :, start:end].contiguous(), lse[:, :, start:end].contiguous()
+                terms = ctx.sides(i, *leaves) if split else []
+            args = (q[:, :, start:end].contiguous(), k[:, :, s0:s1].contiguous(), v[:, :, s0:s1].contiguous())
+            o_b, l_b, do_b = out[:, :, start:end].contiguous(), lse[:, :, start:end].contiguous(), dout[:, :, start:end]
             if wanted:  # P and dS written out once serve the mask's gradient and the other three
                 dq_b, dk_b, dv_b, dm = attention_backward(
-                    *args, mask.detach(), dout[:, :, start:end], o_b, l_b, scale, want_mask=bool(wanted), buffers=buffers
+                    *args, mask.detach(), do_b, o_b, l_b, scale, want_mask=bool(wanted), buffers=buffers
                 )  # fmt: skip
             else:  # a constant mask (ALiBi): the kernel's own backward pass
                 dq_b, dk_b, dv_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    dout[:, :, start:end], *args, o_b, l_b, 0.0, False, attn_mask=mask, scale=scale
+                    do_b, *args, o_b, l_b, 0.0, False, attn_mask=mask, scale=scale
                 )
+            dk[:, :, s0:s1].add_(dk_b)
+            dv[:, :, s0:s1].add_(dv_b)
+            made, grads = [mask], [dm] if wanted else []
+            if terms:
+                d_row = (do_b * o_b).sum(-1)  # D = rowsum(dO * O)
+            for slot, a, z, row, u in terms:
+                # the kernel's backward pass over keys a:z, where every score has the same row term (folded into
+                # the log-sum-exp) and the same key term (folded into the queries, q + u)
+                dq_r, dk_r, dv_r = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    do_b, (args[0] + u.detach()).contiguous(), k[:, :, a:z].contiguous(), v[:, :, a:z].contiguous(),
+                    o_b, (l_b - row.detach()).contiguous(), 0.0, False, scale=scale,
+                )  # fmt: skip
+                dq_b = dq_b + dq_r
+                dk[:, :, a:z].add_(dk_r)
+                dv[:, :, a:z].add_(dv_r)
+                share = torch.exp(side_lse[slot, :, :, start:end] - l_b)  # the range's mass
+                made += [row, u]  # the summed dS of the range reaches the row term; dq_r, summed, the key term
+                grads += [share * ((do_b * side_out[slot, :, :, start:end]).sum(-1) - d_row), _sum_to(dq_r, u.shape)]
             dq[:, :, start:end] = dq_b
-            dk[:, :, :n].add_(dk_b)
-            dv[:, :, :n].add_(dv_b)
             if wanted:
-                for j, g in enumerate(torch.autograd.grad(mask, wanted, dm, allow_unused=True)):
+                pairs = [(t, g) for t, g in zip(made, grads) if t.requires_grad]
+                got = torch.autograd.grad([t for t, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+                for j, g in enumerate(got):
                     if g is not None:
                         sums[j] = g if sums[j] is None else sums[j].add_(g)
         grads = iter(sums)
-        return (dq, dk, dv, None, None, None, *[next(grads) if t.requires_grad else None for t in leaves])
+        return (dq, dk, dv, None, None, None, None, None, *[next(grads) if t.requires_grad else None for t in leaves])
 
 
-def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, blocks, build, *parts: torch.Tensor):
+def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
+    """``grad`` summed over the axes where ``shape`` (broadcast against it) has size 1."""
+    dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, blocks, build, *parts: torch.Tensor,
+                 ranges=None, sides=None):  # fmt: skip
     """``softmax(q k^T * scale + mask) v`` over query blocks ``(start, end, n)`` (covering ``0..q_len``, each
     against keys ``0..n``), block ``i``'s mask ``build(i, *parts)`` laid out from small tensors ``parts``
     (float32 ``(1 or batch, heads or 1, end - start, n)``, ``-inf`` at every key the block may not see).
@@ -667,6 +716,13 @@ def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     of ``k`` and ``v``'s gradient and a concatenation for each).  Parts that need no gradient (ALiBi's fixed
     values) leave each block's backward pass to the kernel's own (:func:`attention_backward` writes out ``P`` and
     ``dS`` to serve the mask's gradient too; without one the kernel's pass was the faster, e.g. ALiBi's whole
-    step at batch 1, L = 2048: 1.44 against 1.27 of ``none``'s, median of 6 interleaved repeats)."""
-    return _FlashBuiltBlocks.apply(q, k, v, scale, tuple(blocks), build, *parts)
+    step at batch 1, L = 2048: 1.44 against 1.27 of ``none``'s, median of 6 interleaved repeats).
+
+    ``ranges``: for each block, the keys ``(s0, s1)`` its mask covers (``build`` then lays out ``(..., end - start,
+    s1 - s0)``); the keys ``0:s0`` and ``s1:n`` outside it must all be allowed, and their mask entries be
+    ``row_i + scale * u . k_j`` for query ``i`` and key ``j``: ``sides(i, *parts)`` gives those terms as ``(slot,
+    a, z, row, u)`` (slot 0 for keys ``0:s0``, 1 for ``s1:n``; ``row (batch or 1, heads, end - start)``, ``u``
+    broadcastable to ``q``), built from ``parts`` so that their gradients reach them.  Those keys run in the
+    kernel without a mask (on ``q + u``), forward and backward, joined to the rest through the log-sum-exps."""
+    return _FlashBuiltBlocks.apply(q, k, v, scale, tuple(blocks), build, ranges, sides, *parts)
 

@@ -122,6 +122,14 @@ FLUSH_MIN_ELEMENTS: int | None = 2**20
 #: one thread: fused / explicit 0.79-0.90 in blocks of 128, 0.94-1.07 in one block).
 FUSED_BLOCK_ROWS: int = 128
 
+#: The same for a scheme whose fused path runs the keys beyond its clipping distance without a mask
+#: (``clipped_sides``: Shaw, DeBERTa): its laid-out strip is the block's rows plus the clipped band (2k + 1 keys
+#: for Shaw, 255 for DeBERTa's 128 positions), a smaller share of the keys in longer blocks.  Whole step, median of
+#: 5 interleaved repeats over ``none``'s, blocks of 256 rows against 128: DeBERTa 1.86 -> 1.71 at batch 1 and
+#: 1.57 -> 1.61 at batch 2, L = 1024, 1.85 -> 1.77 at batch 1, L = 2048; Shaw 1.20 -> 1.22 at batch 2, L = 1024,
+#: 1.51 -> 1.40 at batch 1, L = 2048.  ``None``: :data:`FUSED_BLOCK_ROWS`.
+SIDED_BLOCK_ROWS: int | None = 256
+
 
 def on_host(t: torch.Tensor) -> bool:
     """True when reading ``t``'s values costs no device synchronisation (a CPU tensor) and breaks no
@@ -159,6 +167,13 @@ class PositionScheme(nn.Module):
     #: keys ``0:n``) of the parts ``score_parts`` made for the whole call (the same parts, or rows of them); the fused
     #: CPU path then makes the parts once per layer and runs all of a layer's blocks in one node
     block_parts = None
+    #: ``side_terms(q, parts, edge, scale) -> (row, u)``, where a scheme defines it (with ``block_sides`` and
+    #: ``key_range``): for keys that all sit at one clipped relative index ``edge`` from a block's queries ``q``,
+    #: their score terms times ``scale`` as ``row_i + scale * u . k_j`` (see :func:`cpu_flash.flash_blocks`)
+    side_terms = None
+    #: the fused CPU path runs the keys beyond the scheme's clipping distance from a block's queries without a mask
+    #: (Shaw's own path, DeBERTa's ``side_terms``), so its blocks are :data:`SIDED_BLOCK_ROWS` long
+    clipped_sides = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -513,13 +528,13 @@ class MultiHeadAttention(nn.Module):
         if BLOCK_ELEMENTS is None or b * h * q_len * k_len <= BLOCK_ELEMENTS:
             if not _fused_pays(pos, q, k_len, p_drop):
                 return None
-            rows = FUSED_BLOCK_ROWS
+            rows = _fused_rows(pos)
         else:
             rows = max(1, BLOCK_ELEMENTS // (b * h * k_len))
             if rows >= q_len:
                 return None
             if torch.is_grad_enabled() and _cpu_flash_wanted(pos, q, p_drop):  # training: causal blocks pay
-                rows = min(rows, FUSED_BLOCK_ROWS)
+                rows = min(rows, _fused_rows(pos))
         return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
 
 
@@ -649,21 +664,63 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
     can see and its share of the parts, again in the backward pass.  Against a node per block with its parts made
     for it (whole step, median of 6-8 interleaved repeats over ``none``'s): DeBERTa at L = 1024 1.96 -> 1.83 and
     2.03 -> 1.90 at batch 1 (two runs), 1.82 -> 1.79 and 1.90 -> 1.88 at batch 2; XLNet 1.92 -> 1.67 at batch 1 and
-    1.90 -> 1.79 at batch 2, L = 1024, 2.24 -> 2.07 at batch 1, L = 2048."""
+    1.90 -> 1.79 at batch 2, L = 1024, 2.24 -> 2.07 at batch 1, L = 2048.
+
+    A scheme with ``side_terms`` (DeBERTa) has its keys beyond the clipping distance of every row of a block
+    (``block_sides``) run in the kernel without a mask (see :func:`cpu_flash.flash_blocks`); only the strip between
+    lays out its terms."""
     k_len = k.shape[2]
-    spans, contexts, masks = [], [], []
+    spans, contexts, masks, ranges, edges = [], [], [], [], []
     for start, end in blocks:
         ctx_b, rows, n = _block_context(pos, ctx, allowed, start, end, k_len)
+        s0, s1, edge = _side_split(pos, ctx_b, rows, n)
         spans.append((start, end, n))
+        ranges.append((s0, s1))
+        edges.append(edge)
+        if (s0, s1) != (0, n):
+            ctx_b, rows = pos.key_range(ctx_b, s0, s1), None if rows is None else rows[..., s0:s1]
         contexts.append(ctx_b)
         masks.append(rows)
 
     def build(i, q, k, *parts):
-        start, end, n = spans[i]
+        (start, end, n), (s0, s1) = spans[i], ranges[i]
         parts = pos.block_parts(parts, ctx, start, end, n)
-        return _mask_from_parts(pos, contexts[i], scale, masks[i], q[:, :, start:end], k[:, :, :n], *parts)
+        return _mask_from_parts(pos, contexts[i], scale, masks[i], q[:, :, start:end], k[:, :, s0:s1], *parts)
 
-    return cpu_flash.flash_blocks(q, k, v, scale, spans, build, q, k, *pos.score_parts(q, ctx, layer, attn))
+    def sides(i, q, k, *parts):
+        (start, end, n), (s0, s1) = spans[i], ranges[i]
+        parts, q_b = pos.block_parts(parts, ctx, start, end, n), q[:, :, start:end]
+        outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
+        return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
+
+    parts = pos.score_parts(q, ctx, layer, attn)
+    split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
+    return cpu_flash.flash_blocks(
+        q, k, v, scale, spans, build, q, k, *parts, ranges=ranges if split else None, sides=sides if split else None
+    )
+
+
+def _fused_rows(pos) -> int:
+    """Query rows per block of a training call on the fused CPU path (:data:`SIDED_BLOCK_ROWS` for a scheme with
+    ``clipped_sides``, else :data:`FUSED_BLOCK_ROWS`)."""
+    if SIDED_BLOCK_ROWS is not None and pos is not None and pos.clipped_sides:
+        return SIDED_BLOCK_ROWS
+    return FUSED_BLOCK_ROWS
+
+
+def _side_split(pos, ctx_b, rows, n: int):
+    """``(s0, s1, edges)`` for one query block of a scheme with ``side_terms``: keys ``0:s0`` and ``s1:n`` run without
+    a mask (all allowed, each range at one relative index, ``edges``: what ``side_terms`` needs of each range), keys
+    ``s0:s1`` with their terms laid out; ``(0, n, None)`` where nothing is split off."""
+    least = cpu_flash.SIDE_MIN_KEYS
+    if getattr(pos, "side_terms", None) is None or least is None:
+        return 0, n, None
+    lo, hi, edges = pos.block_sides(ctx_b)
+    s0 = lo if lo >= least and (rows is None or bool(rows[..., :lo].all())) else 0
+    s1 = hi if n - hi >= least and (rows is None or bool(rows[..., hi:].all())) else n
+    if (s0, s1) == (0, n) or s1 <= s0:
+        return 0, n, None
+    return s0, s1, edges
 
 
 def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts) -> torch.Tensor:

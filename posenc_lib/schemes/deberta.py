@@ -130,6 +130,7 @@ class DebertaDisentangled(PositionScheme):
     """A shared, layer-normed table of ``2 * position_buckets`` relative embeddings per stack."""
 
     name = "deberta"
+    clipped_sides = True
     where = "scores"
     score_terms = 3
 
@@ -157,6 +158,25 @@ class DebertaDisentangled(PositionScheme):
 
     def key_slice(self, ctx, k_end):
         return {**ctx, "k_pos": ctx["k_pos"][:k_end], "index": ctx["index"][:, :k_end]}
+
+    def key_range(self, ctx, start, end):
+        return {**ctx, "k_pos": ctx["k_pos"][start:end], "index": ctx["index"][:, start:end]}
+
+    def block_sides(self, ctx):
+        """``(lo, hi, edges)`` of a query block's context: keys ``0:lo`` at one bucket in every row (far enough to be
+        clipped), keys ``hi:`` at another; ``edges``, those two buckets."""
+        index = ctx["index"]
+        lo, hi = _clipped_ends(index)
+        if index.numel() == 0:
+            return lo, hi, (None, None)
+        return lo, hi, (int(index[0, 0]), int(index[0, -1]))
+
+    def side_terms(self, q, parts, edge, scale):
+        """Keys all at bucket ``edge``: c2p is the row's ``q_i . K^r_edge``, p2c the key's ``k_j . Q^r_edge``, so the
+        scaled terms are ``row_i + scale * u . k_j`` with ``u = Q^r_edge``."""
+        pos_q, pos_k = parts
+        row = (q @ pos_k[:, edge, :, None]).squeeze(-1) * scale  # (B, H, rows)
+        return row, pos_q[None, :, edge, None, :]
 
     def scores(self, q, k, ctx, layer, attn):
         state = ctx.get("step_state")  # decoding with a cache: the projections do not change between steps

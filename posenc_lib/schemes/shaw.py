@@ -193,6 +193,7 @@ class ShawRelative(PositionScheme):
     """Per-layer ``w^K`` and ``w^V`` tables of shape ``(2k+1, head_dim)``, shared across heads."""
 
     name = "shaw"
+    clipped_sides = True
     where = "scores + values"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, max_relative_position: int = 16):
