@@ -66,17 +66,18 @@ def deberta_index(q_pos, k_pos, span: int, bucket_size: int | None, max_position
     return (rel + span).clamp(0, 2 * span - 1)
 
 
-def disentangled_scores(q, k, pos_q, pos_k, index):
+def disentangled_scores(q, k, pos_q, pos_k, index, ends=None):
     """c2p + p2c terms (unscaled).
 
     ``q: (B, H, Lq, d)``, ``k: (B, H, Lk, d)``, ``pos_q, pos_k: (H, 2k, d)`` (projected
-    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.
+    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.  ``ends``: :func:`_clipped_ends` of
+    ``index`` where the caller knows it.
     """
     if q.shape[2] == 1:  # one query (a cached decoding step): only its Lk buckets are needed
         return _one_query(q, k, pos_q, pos_k, index[0])
     c2p_all = q @ pos_k.transpose(-1, -2)  # (B, H, Lq, 2k): every query against every bucket
     p2c_all = pos_q @ k.transpose(-1, -2)  # (B, H, 2k, Lk): every bucket against every key
-    left, right = _clipped_ends(index)
+    left, right = _clipped_ends(index) if ends is None else ends
     if left + (index.shape[1] - right) < index.shape[1] // 4:
         return _gathered(c2p_all, p2c_all, index)
     # keys far enough left (right) of every query of the block share the last (first) bucket: there the
@@ -111,6 +112,18 @@ def _gathered(c2p_all, p2c_all, index):
     # p2c[i, j] = k_j . pos_q[index_ij]: gather the (B, H, 2k, Lk) products along the bucket axis, which
     # writes the (Lq, Lk) layout directly (no transposed copy)
     return c2p.add_(p2c_all.gather(-2, idx))
+
+
+def _ends_of(ctx: dict) -> tuple[int, int]:
+    """:func:`_clipped_ends` of ``ctx["index"]``, worked out once per forward pass for each block's slice of it (the
+    layers of a stack share them; the cache lives in the context :meth:`DebertaDisentangled.prepare` made)."""
+    index, cache = ctx["index"], ctx.get("ends_cache")
+    if cache is None:
+        return _clipped_ends(index)
+    key = (index.data_ptr(), tuple(index.shape), index.stride())
+    if key not in cache:
+        cache[key] = _clipped_ends(index)
+    return cache[key]
 
 
 def _clipped_ends(index: torch.Tensor) -> tuple[int, int]:
@@ -151,7 +164,8 @@ class DebertaDisentangled(PositionScheme):
 
     def prepare(self, q_pos, k_pos):
         index = deberta_index(q_pos, k_pos, self.position_buckets, self.position_buckets, self.max_relative_positions)
-        return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "rel": self.rel_norm(self.rel_embeddings.weight)}
+        rel = self.rel_norm(self.rel_embeddings.weight)
+        return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "rel": rel, "ends_cache": {}}
 
     def query_slice(self, ctx, start, end):
         return {**ctx, "q_pos": ctx["q_pos"][start:end], "index": ctx["index"][start:end]}
@@ -166,7 +180,7 @@ class DebertaDisentangled(PositionScheme):
         """``(lo, hi, edges)`` of a query block's context: keys ``0:lo`` at one bucket in every row (far enough to be
         clipped), keys ``hi:`` at another; ``edges``, those two buckets."""
         index = ctx["index"]
-        lo, hi = _clipped_ends(index)
+        lo, hi = _ends_of(ctx)
         if index.numel() == 0:
             return lo, hi, (None, None)
         return lo, hi, (int(index[0, 0]), int(index[0, -1]))
@@ -187,7 +201,7 @@ class DebertaDisentangled(PositionScheme):
             pos_q, pos_k = self.score_parts(q, ctx, layer, attn)
             if state is not None:
                 state[key] = pos_q, pos_k
-        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"])
+        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"], _ends_of(ctx) if q.shape[2] > 1 else None)
 
     def score_parts(self, q, ctx, layer, attn):
         """What the score terms are built from: the relative embeddings through this layer's q and k projections."""
@@ -206,7 +220,7 @@ class DebertaDisentangled(PositionScheme):
         pos_q, pos_k = parts
         if scale != 1.0:
             pos_q, pos_k = pos_q * scale, pos_k * scale
-        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"])
+        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"], _ends_of(ctx))
 
     def extra_repr(self):
         return (
