@@ -920,3 +920,53 @@ def test_readme_quotes_the_batch_axis_on_the_current_library():
     worst = max(rows2k, key=lambda r: r["memory_ratio"])
     assert (worst["scheme"], worst["batch"]) == ("alibi", 1) and f"up to {worst['memory_ratio']:.2f}× (alibi, batch 1)" in para
     assert "Not measured: batch 8 to 32 at L = 2048 and batch 32 at L = 1024" in para
+
+
+def test_readme_quotes_shaw_and_deberta_past_their_clipping():
+    """The README's paragraph on benchmarks/results/clipped_sides (its L2048/ and L2048_memory_again/): every time goal,
+    the misses before (batches_epyc_2), the memory misses and their second reading, from the runs."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Shaw and DeBERTa past their clipping distance**", 1)[1].split("**", 1)[0]
+
+    def load(folder, parts=("train", "memory")):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in parts}
+        for d in docs.values():
+            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
+        rows = {(r["scheme"], r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] in ("shaw", "deberta")}
+        return rows, round(sum(d["wall_s"] for d in docs.values()) / 60), docs
+
+    grid, m1, docs = load("clipped_sides")
+    long, m2, _ = load("clipped_sides/L2048")
+    before, before_long = load("batches_epyc_2")[0], load("batches_epyc_2/L2048")[0]
+    settings = docs["train_batches"]["attention_settings"]
+    assert settings["layer.SIDED_BLOCK_ROWS"] == 256 and settings["cpu_flash.SIDE_MIN_KEYS"] == 1
+    assert f"grid again, {m1} min, with its `L2048/`, {m2} min)" in para and (m1, m2) == (14, 3)
+    assert len(grid) == 16 and all(r["time_met"] for r in grid.values())
+    for pe in ("shaw", "deberta"):
+        times = [r["time_ratio"] for (s, _, _), r in grid.items() if s == pe]
+        assert f"{pe} {min(times):.2f}–{max(times):.2f}" in para
+    missed = {k: r["time_ratio"] for k, r in before.items() if not r["time_met"]}
+    assert sorted(missed) == [("deberta", 1024, 1), ("deberta", 1024, 2), ("deberta", 1024, 16), ("shaw", 1024, 2)]
+    deb = [v for k, v in missed.items() if k[0] == "deberta"]
+    assert f"shaw missed at {missed['shaw', 1024, 2]:.2f} and deberta at {min(deb):.2f}–{max(deb):.2f}" in para
+    pair = lambda rows, pe: " and ".join(f"{rows[pe, 2048, b]['time_ratio']:.2f}" for b in (1, 2))  # noqa: E731
+    assert all(r["time_met"] for r in long.values())
+    assert f"(shaw {pair(long, 'shaw')}, deberta {pair(long, 'deberta')}; " in para
+    assert f"{pair(before_long, 'shaw')}, {pair(before_long, 'deberta')} before)" in para
+    over = sorted(k for k, r in {**grid, **long}.items() if not r["memory_met"])
+    assert over == [("deberta", 2048, 1), ("shaw", 512, 1)]
+    assert f"shaw at L = 512, batch 1 ({grid['shaw', 512, 1]['memory_ratio']:.2f}×" in para
+    assert f"deberta at L = 2048, batch 1 ({long['deberta', 2048, 1]['memory_ratio']:.2f}×)" in para
+    assert 1 * 8 * 512 * 512 < settings["layer.FUSED_MIN_ELEMENTS"]  # that shape's calls are explicit, as before
+
+    def none_peak(folder):
+        doc = json.loads((RESULTS / folder / "memory_batches.json").read_text())
+        return doc["results"]["batches"]["1"]["lengths"]["512"]["schemes"]["none"]["peak_mb"]
+
+    assert f"was {none_peak('clipped_sides'):.0f} MiB against {none_peak('batches_epyc_2'):.0f} MiB" in para
+    again = load("clipped_sides/L2048_memory_again", parts=("memory",))[0]
+    assert f"That shape read {again['deberta', 2048, 1]['memory_ratio']:.2f}× when" in para
+    mem = lambda pe: " and ".join(f"{again[pe, 2048, b]['memory_ratio']:.2f}×" for b in (1, 2))  # noqa: E731
+    assert f"shaw {mem('shaw')}, deberta {mem('deberta')} at batch 1 and 2" in para

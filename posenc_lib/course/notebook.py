@@ -196,6 +196,16 @@ RESULT_COMMANDS = {
                                        "grid after a layer's blocks ran in one node)",
     "benchmarks/results/xlnet_blocks/L2048": "python -m benchmarks.run --only train,memory --schemes xlnet --lengths "
                                              "2048 --batches 1,2 --repeats 3 --out benchmarks/results/xlnet_blocks/L2048",
+    "benchmarks/results/clipped_sides": "python -m benchmarks.run --only train,memory --schemes shaw,deberta --lengths "
+                                        "512,1024 --batches 1,2,8,16 --repeats 3 --out benchmarks/results/clipped_sides "
+                                        "(Shaw's and DeBERTa's grid after the keys beyond their clipping distance ran "
+                                        "without a mask)",
+    "benchmarks/results/clipped_sides/L2048": "python -m benchmarks.run --only train,memory --schemes shaw,deberta "
+                                              "--lengths 2048 --batches 1,2 --repeats 3 --out "
+                                              "benchmarks/results/clipped_sides/L2048",
+    "benchmarks/results/clipped_sides/L2048_memory_again": "python -m benchmarks.run --only memory --schemes "
+                                                           "shaw,deberta --lengths 2048 --batches 1,2 --repeats 3 --out "
+                                                           "benchmarks/results/clipped_sides/L2048_memory_again",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
