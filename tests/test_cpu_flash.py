@@ -449,6 +449,53 @@ def test_t5_offset_values_laid_out_per_block_give_the_same_loss_and_gradients(pa
         assert fused.count("flash_whole_offsets") == 2 and "flash_attention" not in fused
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_t5_keys_beyond_max_distance_run_without_a_mask_with_the_explicit_loss_and_gradients(padded, monkeypatch):
+    """T5's causal calls over values per offset (8 buckets, max_distance 6, blocks of 4 rows of 20 positions): the
+    keys whose offsets share the last bucket for every row of a block run in the kernel without a mask, the bucket's
+    value added to the log-sum-exp; the loss and every gradient (the bias table's too) equal the explicit path's."""
+    from posenc_lib.schemes import t5 as t5_module
+
+    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    set_seed(0)
+    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                        num_buckets=8, max_distance=6).train()  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 21), generator=g)
+    pads = {}
+    if padded:
+        tgt_pad = torch.zeros(3, 20, dtype=torch.bool)
+        tgt_pad[1, 5] = True  # a masked key among the distant ones of rows 12-15
+        pads = dict(tgt_key_padding_mask=tgt_pad)
+    seen, real = [], cpu_flash.flash_blocks
+
+    def spy(*a, ranges=None, sides=None):
+        seen.append(ranges)
+        return real(*a, ranges=ranges, sides=sides) if ranges is not None else real(*a)
+
+    monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
+    results = []
+    for fused_min in (None, 3 * 4 * 13 * 13):
+        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+        model.zero_grad(set_to_none=True)
+        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert len(seen) == 2 and seen[0] is not None  # the decoder's two layers
+    scheme = model.dec_pos
+    ctx = scheme.prepare(torch.arange(20), torch.arange(20))
+    a, z = scheme.offset_runs(ctx)
+    buckets = t5_module.t5_relative_bucket(torch.arange(-19, 20), False, 8, 6)
+    assert (buckets[:a] == 7).all() and buckets[a] != 7 and (buckets[z:] == 0).all()  # distances >= 6: the last bucket
+    # rows 8-11 see keys 0-2 at distance >= 6 from each, rows 12-15 keys 0-6 (where key 5 is padded, the whole
+    # block is laid out); rows 0-3 have no such key
+    assert seen[0][0] == (0, 4) and seen[0][2] == (3, 12) and seen[0][3] == ((0, 16) if padded else (7, 16))
+
+
 def test_t5_offset_values_lay_out_the_same_bias():
     """The per-block layout of T5's offset values equals the whole bias, rows and keys of every block."""
     from posenc_lib.attention.layer import _offset_block

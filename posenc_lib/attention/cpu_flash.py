@@ -629,8 +629,9 @@ class _FlashBuiltBlocks(torch.autograd.Function):
                     continue
                 l = l.masked_fill(torch.isneginf(mask).all(-1), float("-inf"))  # a row that sees no key in the strip
                 for slot, a, z, row, u in sides(i, *parts):
+                    q_r = q[:, :, start:end] if u is None else q[:, :, start:end] + u
                     side_out[slot, :, :, start:end], l_r = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                        q[:, :, start:end] + u, k[:, :, a:z], v[:, :, a:z], 0.0, False, scale=scale
+                        q_r, k[:, :, a:z], v[:, :, a:z], 0.0, False, scale=scale
                     )[:2]  # fmt: skip
                     side_lse[slot, :, :, start:end] = l_r + row
                 terms = torch.stack((l, *side_lse[:, :, :, start:end]))
@@ -678,16 +679,21 @@ class _FlashBuiltBlocks(torch.autograd.Function):
             for slot, a, z, row, u in terms:
                 # the kernel's backward pass over keys a:z, where every score has the same row term (folded into
                 # the log-sum-exp) and the same key term (folded into the queries, q + u)
+                q_r = args[0] if u is None else (args[0] + u.detach()).contiguous()
                 dq_r, dk_r, dv_r = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    do_b, (args[0] + u.detach()).contiguous(), k[:, :, a:z].contiguous(), v[:, :, a:z].contiguous(),
+                    do_b, q_r, k[:, :, a:z].contiguous(), v[:, :, a:z].contiguous(),
                     o_b, (l_b - row.detach()).contiguous(), 0.0, False, scale=scale,
                 )  # fmt: skip
                 dq_b = dq_b + dq_r
                 dk[:, :, a:z].add_(dk_r)
                 dv[:, :, a:z].add_(dv_r)
                 share = torch.exp(side_lse[slot, :, :, start:end] - l_b)  # the range's mass
-                made += [row, u]  # the summed dS of the range reaches the row term; dq_r, summed, the key term
-                grads += [share * ((do_b * side_out[slot, :, :, start:end]).sum(-1) - d_row), _sum_to(dq_r, u.shape)]
+                d_range = share * ((do_b * side_out[slot, :, :, start:end]).sum(-1) - d_row)  # the range's summed dS
+                made.append(row)  # it reaches the row term; dq_r, summed, the key term
+                grads.append(_sum_to(d_range, row.shape))
+                if u is not None:
+                    made.append(u)
+                    grads.append(_sum_to(dq_r, u.shape))
             dq[:, :, start:end] = dq_b
             if wanted:
                 pairs = [(t, g) for t, g in zip(made, grads) if t.requires_grad]
@@ -722,7 +728,7 @@ def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     s1 - s0)``); the keys ``0:s0`` and ``s1:n`` outside it must all be allowed, and their mask entries be
     ``row_i + scale * u . k_j`` for query ``i`` and key ``j``: ``sides(i, *parts)`` gives those terms as ``(slot,
     a, z, row, u)`` (slot 0 for keys ``0:s0``, 1 for ``s1:n``; ``row (batch or 1, heads, end - start)``, ``u``
-    broadcastable to ``q``), built from ``parts`` so that their gradients reach them.  Those keys run in the
+    broadcastable to ``q`` or ``None``), built from ``parts`` so that their gradients reach them.  Those keys run in the
     kernel without a mask (on ``q + u``), forward and backward, joined to the rest through the log-sum-exps."""
     return _FlashBuiltBlocks.apply(q, k, v, scale, tuple(blocks), build, ranges, sides, *parts)
 

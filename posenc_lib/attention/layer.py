@@ -453,7 +453,8 @@ class MultiHeadAttention(nn.Module):
 
         blocks = None if want_weights or offset is not None else self._query_blocks(q, k_len, path, pos, ctx, bias, p_drop)
         if offset is not None:  # a bias of one value per offset, laid out block by block in the fused kernel
-            out, probs, blocks = _offset_bias_attention(q, k, v, allowed, scale, *offset), None, []
+            runs = pos.offset_runs(ctx) if getattr(pos, "offset_runs", None) is not None else None
+            out, probs, blocks = _offset_bias_attention(q, k, v, allowed, scale, *offset, runs=runs), None, []
         elif _flex_wanted(pos, want_weights, p_drop, q_len):
             from .flex import flex_attend
 
@@ -600,28 +601,54 @@ def _learned_offsets(pos, ctx, bias) -> torch.Tensor | None:
     return values if values is not None and values.requires_grad else None
 
 
-def _offset_bias_attention(q, k, v, allowed, scale: float, values: torch.Tensor, blocks) -> torch.Tensor:
+def _offset_bias_attention(q, k, v, allowed, scale: float, values: torch.Tensor, blocks, runs=None) -> torch.Tensor:
     """Attention with ``bias[h, i, j] = values[h, j - i + q_len - 1]`` over query blocks in the fused kernel
     (:func:`cpu_flash.flash_blocks`): each block sees the keys up to its last allowed one, and its mask is laid
-    out from the values it needs (again in the backward pass, where its gradient is summed per offset)."""
+    out from the values it needs (again in the backward pass, where its gradient is summed per offset).
+
+    ``runs``: ``(a, z)`` where the values ``0:a`` all come from one learned value and so do the values ``z:`` (T5's
+    buckets beyond ``max_distance``, :meth:`~posenc_lib.schemes.t5.T5Bias.offset_runs`): a block's keys
+    whose offsets all fall in such a run, for every one of its rows, run in the kernel without a mask, the value
+    added to the row's log-sum-exp (its gradient reaches the run's first value, and from it the learned one)."""
     q_len, k_len = q.shape[2], k.shape[2]
-    spans, masks = [], []
+    spans, masks, ranges = [], [], []
+    least = cpu_flash.SIDE_MIN_KEYS
     for start, end in blocks:
         rows, n = _block_keys(allowed, start, end, k_len)
+        s0, s1 = 0, n
+        if runs is not None and least is not None:
+            a, z = runs
+            lo = min(max(a + start - q_len + 1, 0), n)  # keys whose offset is below a for every row of the block
+            hi = min(max(z + end - q_len, lo), n)  # keys whose offset is at least z for every row
+            s0 = lo if lo >= least and (rows is None or bool(rows[..., :lo].all())) else 0
+            s1 = hi if n - hi >= least and (rows is None or bool(rows[..., hi:].all())) else n
+            if s1 <= s0:
+                s0, s1 = 0, n
         spans.append((start, end, n))
-        masks.append(rows)
+        ranges.append((s0, s1))
+        masks.append(rows if (s0, s1) == (0, n) or rows is None else rows[..., s0:s1])
 
     def build(i, values):
-        start, end, n = spans[i]
-        return _offset_block(q_len, start, end, n, masks[i], None, None, values)
+        (start, end, n), (s0, s1) = spans[i], ranges[i]
+        return _offset_block(q_len, start, end, n, masks[i], None, None, values, s0, s1)
 
-    return cpu_flash.flash_blocks(q, k, v, scale, spans, build, values)
+    def sides(i, values):
+        (start, end, n), (s0, s1) = spans[i], ranges[i]
+        outer = [(0, 0, s0, 0), (1, s1, n, values.shape[1] - 1)]
+        return [(slot, a, z, values[None, :, at, None].expand(1, -1, end - start), None) for slot, a, z, at in outer if z > a]
+
+    split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
+    if not split:
+        return cpu_flash.flash_blocks(q, k, v, scale, spans, build, values)
+    return cpu_flash.flash_blocks(q, k, v, scale, spans, build, values, ranges=ranges, sides=sides)
 
 
-def _offset_block(q_len: int, start: int, end: int, n: int, allowed, q, k, values) -> torch.Tensor:
-    """Rows ``start:end``, keys ``0:n`` of the bias laid out from ``values (heads, q_len + k_len - 1)``
-    (see :func:`_offset_bias_attention`), ``-inf`` where not allowed: ``(1 or batch, heads, end - start, n)``."""
-    return _OffsetRows.apply(values[:, q_len - end : q_len - start + n - 1], n, allowed)
+def _offset_block(q_len: int, start: int, end: int, n: int, allowed, q, k, values, s0: int = 0, s1=None) -> torch.Tensor:
+    """Rows ``start:end``, keys ``s0:s1`` (``0:n`` by default) of the bias laid out from ``values (heads, q_len + k_len
+    - 1)`` (see :func:`_offset_bias_attention`), ``-inf`` where not allowed: ``(1 or batch, heads, end - start, s1 -
+    s0)``; ``allowed`` covers those keys."""
+    s1 = n if s1 is None else s1
+    return _OffsetRows.apply(values[:, q_len - end + s0 : q_len - start + s1 - 1], s1 - s0, allowed)
 
 
 class _OffsetRows(torch.autograd.Function):

@@ -137,6 +137,23 @@ class T5Bias(PositionScheme):
             ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
         return ctx["bias"]
 
+    def offset_runs(self, ctx) -> tuple[int, int] | None:
+        """``(a, z)`` for the values per offset of :meth:`offset_bias`: offsets ``0:a`` share the first one's bucket
+        and offsets ``z:`` the last one's (every distance from ``max_distance`` on is one bucket), so their keys can
+        run without a mask (:func:`~posenc_lib.attention.layer._offset_bias_attention`); ``None`` without values per
+        offset.  Worked out once per context."""
+        if "offset_values" not in ctx:
+            return None
+        if "offset_runs" not in ctx:
+            q_pos, k_pos = ctx["q_pos"], ctx["k_pos"]
+            first = int(k_pos[0]) - int(q_pos[-1])
+            offsets = torch.arange(first, first + q_pos.numel() + k_pos.numel() - 1)
+            buckets = t5_relative_bucket(offsets, not self.causal, self.num_buckets, self.max_distance)
+            a = int((buckets == buckets[0]).long().cumprod(0).sum())
+            z = buckets.numel() - int((buckets == buckets[-1]).flip(0).long().cumprod(0).sum())
+            ctx["offset_runs"] = a, max(a, z)
+        return ctx["offset_runs"]
+
     def offset_bias(self, ctx) -> torch.Tensor | None:
         """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where
         the context has one value per offset (see :meth:`prepare`); ``None`` otherwise."""
