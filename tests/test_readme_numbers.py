@@ -970,3 +970,54 @@ def test_readme_quotes_shaw_and_deberta_past_their_clipping():
     assert f"That shape read {again['deberta', 2048, 1]['memory_ratio']:.2f}× when" in para
     mem = lambda pe: " and ".join(f"{again[pe, 2048, b]['memory_ratio']:.2f}×" for b in (1, 2))  # noqa: E731
     assert f"shaw {mem('shaw')}, deberta {mem('deberta')} at batch 1 and 2" in para
+
+
+def test_readme_quotes_t5_beyond_max_distance():
+    """The README's paragraph on benchmarks/results/t5_sides (and its L2048/): goals held and missed, against
+    t5_offsets/L2048, from the runs."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**T5 beyond `max_distance`**", 1)[1].split("**", 1)[0]
+
+    def load(folder):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "t5"}
+        return rows, round(sum(d["wall_s"] for d in docs.values()) / 60), docs
+
+    (grid, m1, docs), (long, m2, _) = load("t5_sides"), load("t5_sides/L2048")
+    before = load("t5_offsets/L2048")[0]
+    assert docs["train_batches"]["attention_settings"]["cpu_flash.SIDE_MIN_KEYS"] == 1
+    assert f"grid again, {m1} min, with its `L2048/`, {m2} min)" in para
+    held = sorted(k for k, r in grid.items() if r["time_met"])
+    assert len(grid) == 8 and sorted(set(grid) - set(held)) == [(1024, 1)] and "held at 7 of the 8 shapes" in para
+    times = [grid[k]["time_ratio"] for k in held]
+    assert f"L = 512 and 1024 ({min(times):.2f}–{max(times):.2f})" in para
+    assert long[2048, 2]["time_met"] and long[2048, 2]["memory_met"] and all(r["memory_met"] for r in grid.values())
+    assert f"L = 2048, batch 2 ({long[2048, 2]['time_ratio']:.2f}; {before[2048, 2]['time_ratio']:.2f} in" in para
+    assert not long[2048, 1]["time_met"] and not long[2048, 1]["memory_met"]
+    assert f"batch 1, L = 1024 ({grid[1024, 1]['time_ratio']:.2f})" in para
+    assert (f"L = 2048 ({long[2048, 1]['time_ratio']:.2f}, peak memory {long[2048, 1]['memory_ratio']:.2f}×; "
+            f"{before[2048, 1]['time_ratio']:.2f} and {before[2048, 1]['memory_ratio']:.2f}× before)") in para
+
+
+def test_readme_quotes_batch_32_at_l_1024():
+    """The README's paragraph on benchmarks/results/sides_B32: each scheme's time, the one miss, memory and the block
+    size, from the run."""
+    from benchmarks.report import batch_goals
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Batch 32 at L = 1024**", 1)[1].split("**", 1)[0]
+    docs = {f"{p}_batches": json.loads((RESULTS / "sides_B32" / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+    rows = {r["scheme"]: r for r in batch_goals(docs)}
+    assert {(r["length"], r["batch"]) for r in rows.values()} == {(1024, 32)}
+    assert sorted(rows) == ["alibi", "deberta", "shaw", "t5", "xlnet"]
+    assert f"{round(sum(d['wall_s'] for d in docs.values()) / 60)} min)" in para
+    assert [pe for pe, r in rows.items() if not r["time_met"]] == ["xlnet"]
+    assert f"missed for xlnet ({rows['xlnet']['time_ratio']:.2f} against its 2.0)" in para
+    for pe in ("t5", "alibi", "shaw", "deberta"):
+        assert f"{pe} ({rows[pe]['time_ratio']:.2f})" in para
+    mems = [r["memory_ratio"] for r in rows.values()]
+    assert all(r["memory_met"] for r in rows.values()) and f"({min(mems):.2f}–{max(mems):.2f}×)" in para
+    settings = docs["train_batches"]["attention_settings"]
+    assert settings["layer.BLOCK_ELEMENTS"] // (32 * 8 * 1024) == 64 and "the blocks are 64 query rows" in para

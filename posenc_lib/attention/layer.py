@@ -635,7 +635,8 @@ def _offset_bias_attention(q, k, v, allowed, scale: float, values: torch.Tensor,
     def sides(i, values):
         (start, end, n), (s0, s1) = spans[i], ranges[i]
         outer = [(0, 0, s0, 0), (1, s1, n, values.shape[1] - 1)]
-        return [(slot, a, z, values[None, :, at, None].expand(1, -1, end - start), None) for slot, a, z, at in outer if z > a]
+        rows = end - start
+        return [(slot, a, z, values[None, :, at, None].expand(1, -1, rows), None) for slot, a, z, at in outer if z > a]
 
     split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
     if not split:
@@ -643,7 +644,7 @@ def _offset_bias_attention(q, k, v, allowed, scale: float, values: torch.Tensor,
     return cpu_flash.flash_blocks(q, k, v, scale, spans, build, values, ranges=ranges, sides=sides)
 
 
-def _offset_block(q_len: int, start: int, end: int, n: int, allowed, q, k, values, s0: int = 0, s1=None) -> torch.Tensor:
+def _offset_block(q_len: int, start: int, end: int, n: int, allowed, q, k, values, s0: int = 0, s1=None):
     """Rows ``start:end``, keys ``s0:s1`` (``0:n`` by default) of the bias laid out from ``values (heads, q_len + k_len
     - 1)`` (see :func:`_offset_bias_attention`), ``-inf`` where not allowed: ``(1 or batch, heads, end - start, s1 -
     s0)``; ``allowed`` covers those keys."""

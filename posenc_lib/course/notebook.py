@@ -206,6 +206,13 @@ RESULT_COMMANDS = {
     "benchmarks/results/clipped_sides/L2048_memory_again": "python -m benchmarks.run --only memory --schemes "
                                                            "shaw,deberta --lengths 2048 --batches 1,2 --repeats 3 --out "
                                                            "benchmarks/results/clipped_sides/L2048_memory_again",
+    "benchmarks/results/t5_sides": "python -m benchmarks.run --only train,memory --schemes t5 --lengths 512,1024 "
+                                   "--batches 1,2,8,16 --repeats 3 --out benchmarks/results/t5_sides (T5's grid after "
+                                   "its keys beyond max_distance ran without a mask)",
+    "benchmarks/results/t5_sides/L2048": "python -m benchmarks.run --only train,memory --schemes t5 --lengths 2048 "
+                                         "--batches 1,2 --repeats 3 --out benchmarks/results/t5_sides/L2048",
+    "benchmarks/results/sides_B32": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,deberta "
+                                    "--lengths 1024 --batches 32 --repeats 3 --out benchmarks/results/sides_B32",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
