@@ -160,7 +160,7 @@ def test_shaw_outer_keys_in_the_kernel_without_a_mask_equal_the_naive_reference(
     kernel without a mask, joined to the strip between through the log-sum-exps: output and every gradient equal
     the paper's (L, L, d) form, with a causal mask and with padded keys (a side holding a padded key stays in
     the strip)."""
-    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_sides, shaw_values_naive
+    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_sides, shaw_split, shaw_values_naive
 
     g = torch.Generator().manual_seed(3)
     b, h, length, d, k_max, rows = 2, 3, 24, 5, 3, 6
@@ -181,11 +181,12 @@ def test_shaw_outer_keys_in_the_kernel_without_a_mask_equal_the_naive_reference(
         end = start + rows
         n = end if causal and not padded else length  # a causal block needs no key after its last query
         block_allowed = allowed[:, :, start:end, :n] if padded else allowed[:1, :, start:end, :n]
-        blocks.append((start, end, shaw_plan(index[start:end, :n], 2 * k_max + 1), block_allowed))
-        lo, hi = shaw_sides(blocks[-1][2])  # consecutive positions: every row at least k keys away
+        plan = shaw_plan(index[start:end, :n], 2 * k_max + 1)
+        blocks.append((start, end, plan, block_allowed, shaw_split(plan, block_allowed)))
+        lo, hi = shaw_sides(plan)  # consecutive positions: every row at least k keys away
         assert (lo, hi) == (max(0, start - k_max + 1), min(n, end - 1 + k_max))
     out = cpu_flash.shaw_attention(q, k, v, table_k, table_v, 0.4, blocks)
-    splits = [cpu_flash._shaw_split(plan, a)[:2] for _, _, plan, a in blocks]
+    splits = [split[:2] for *_, split in blocks]
     assert splits[2] == ((10, 24) if padded else (10, 18) if causal else (10, 20))  # a side left, right if allowed
     leaves = (q, k, v, table_k, table_v)
     for name, got, want in zip(("out", "dq", "dk", "dv", "dtable_k", "dtable_v"),
@@ -208,14 +209,16 @@ def test_shaw_model_with_outer_keys_gives_the_explicit_loss_and_gradients(padded
         src_pad = torch.zeros(3, 13, dtype=torch.bool)
         src_pad[0, 10:] = True
         pads = dict(src_key_padding_mask=src_pad)
-    split, real = [], cpu_flash._shaw_split
+    from posenc_lib.schemes import shaw as shaw_module
+
+    split, real = [], shaw_module.shaw_split
 
     def spy(plan, allowed):
         s0, s1, *rest = real(plan, allowed)
         split.append((s0, s1) != (0, plan.index.shape[1]))
         return (s0, s1, *rest)
 
-    monkeypatch.setattr(cpu_flash, "_shaw_split", spy)
+    monkeypatch.setattr(shaw_module, "shaw_split", spy)
     monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
     results = []
     for fused_min in (None, 3 * 4 * 11 * 11):

@@ -340,7 +340,7 @@ class _ShawFlash(torch.autograd.Function):
     of its queries, :func:`~posenc_lib.schemes.shaw.shaw_sides`) add the same ``q . a^K`` to a row's scores
     and the same ``a^V`` to its output.  There the kernel runs without a mask, forward and backward, and the
     three key ranges are joined through their log-sum-exps; only the strip between (the block's rows plus
-    ``2k`` keys wide) lays out a mask and its weights.  See :func:`_shaw_split`.  Against laying out every key
+    ``2k`` keys wide) lays out a mask and its weights (the split: :func:`~posenc_lib.schemes.shaw.shaw_split`).  Against laying out every key
     (whole step, median of 5 interleaved repeats over ``none``'s): 1.70 -> 1.40 at batch 2 and 1.66 -> 1.44 at
     batch 1, L = 1024; 1.83 -> 1.53 at batch 1, L = 2048."""
 
@@ -349,7 +349,7 @@ class _ShawFlash(torch.autograd.Function):
     def forward(ctx, q, k, v, table_k, table_v, scale, blocks):
         b, h, q_len, d = q.shape
         rows_t = table_k.shape[0]
-        splits = [_shaw_split(plan, allowed) for _, _, plan, allowed in blocks]
+        blocks, splits = _shaw_blocks(blocks)
         size = max((end - start) * (s1 - s0) for (start, end, *_), (s0, s1, *_) in zip(blocks, splits))
         m_flat, p_flat = q.new_empty(b * h * size), q.new_empty(b * h * size)
         out, lse = torch.empty_like(q), q.new_empty(b, h, q_len)
@@ -450,26 +450,20 @@ class _ShawFlash(torch.autograd.Function):
         return dq, dk, dv, dtable_k, dtable_v, None, None
 
 
-#: The fused path of a scheme with a clipping distance (Shaw: :func:`_shaw_split`; DeBERTa: ``side_terms`` in
+#: The fused path of a scheme with a clipping distance (Shaw: ``shaw_split``; DeBERTa, T5: ``ranges`` and ``sides`` in
 #: :func:`flash_blocks`) runs a block's keys beyond that distance from all its rows in the kernel without a mask
 #: where they are at least this many (fewer stay with the laid-out strip); ``None``: never.
 SIDE_MIN_KEYS: int | None = 1
 
 
-def _shaw_split(plan, allowed):
-    """``(s0, s1, strip, allowed)`` of a Shaw block: the keys ``s0:s1`` whose mask and weights are laid out (the
-    strip: its plan and rows of the boolean mask); keys ``0:s0`` and ``s1:n`` are all at the table's first and last
-    row (:func:`~posenc_lib.schemes.shaw.shaw_sides`) and allowed for every row, so they run in the kernel without a
-    mask.  A range that is short (:data:`SIDE_MIN_KEYS`) or holds a masked key stays in the strip."""
-    from ..schemes.shaw import shaw_sides, shaw_sub_plan  # the scheme's module imports this one
-
-    n, (lo, hi) = _keys(plan), shaw_sides(plan)
-    least = n + 1 if SIDE_MIN_KEYS is None else SIDE_MIN_KEYS
-    s0 = lo if lo >= least and (allowed is None or bool(allowed[..., :lo].all())) else 0
-    s1 = hi if n - hi >= least and (allowed is None or bool(allowed[..., hi:].all())) else n
-    if (s0, s1) == (0, n) or s1 <= s0:  # nothing split off, or no strip left
-        return 0, n, plan, allowed
-    return s0, s1, shaw_sub_plan(plan, s0, s1), None if allowed is None else allowed[..., s0:s1]
+def _shaw_blocks(blocks):
+    """``(blocks, splits)``: :func:`shaw_attention`'s blocks as ``(start, end, plan, allowed)`` and each one's split
+    ``(s0, s1, strip_plan, strip_allowed)`` (``(0, n, plan, allowed)`` for a block given without one)."""
+    plain, splits = [], []
+    for start, end, plan, allowed, *split in blocks:
+        plain.append((start, end, plan, allowed))
+        splits.append(split[0] if split else (0, _keys(plan), plan, allowed))
+    return plain, splits
 
 
 def _shaw_sides(plan, s0: int, s1: int):
@@ -505,6 +499,8 @@ def shaw_attention(q, k, v, table_k, table_v, scale: float, blocks) -> torch.Ten
     :class:`~posenc_lib.schemes.shaw.ShawPlan` of each block's rows and its boolean mask (broadcastable to
     ``(batch, 1, end - start, n)``) or ``None``, where ``n``, the plan's number of keys, may stop short
     of ``k_len`` when no row of the block sees the keys after it.  Same function and gradients as the explicit path.
+    A block may carry a fifth item, its split ``(s0, s1, strip_plan, strip_allowed)``
+    (:func:`~posenc_lib.schemes.shaw.shaw_split`): keys ``0:s0`` and ``s1:n`` then run without a mask.
     """
     return _ShawFlash.apply(q, k, v, table_k, table_v, scale, blocks)
 

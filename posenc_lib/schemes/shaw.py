@@ -118,6 +118,21 @@ def shaw_sub_plan(plan: ShawPlan, start: int, end: int) -> ShawPlan:
     return plan.subs[start, end]
 
 
+def shaw_split(plan: ShawPlan, allowed):
+    """``(s0, s1, strip, allowed)`` of a block for :func:`~posenc_lib.attention.cpu_flash.shaw_attention`: the keys
+    ``s0:s1`` whose mask and weights are laid out (the strip: its plan and rows of the boolean mask); keys ``0:s0``
+    and ``s1:n`` are all at the table's first and last row (:func:`shaw_sides`) and allowed for every row, so they run
+    in the kernel without a mask.  A range shorter than :data:`~posenc_lib.attention.cpu_flash.SIDE_MIN_KEYS` or
+    holding a masked key stays in the strip."""
+    n, (lo, hi) = plan.index.shape[1], shaw_sides(plan)
+    least = n + 1 if cpu_flash.SIDE_MIN_KEYS is None else cpu_flash.SIDE_MIN_KEYS
+    s0 = lo if lo >= least and (allowed is None or bool(allowed[..., :lo].all())) else 0
+    s1 = hi if n - hi >= least and (allowed is None or bool(allowed[..., hi:].all())) else n
+    if (s0, s1) == (0, n) or s1 <= s0:  # nothing split off, or no strip left
+        return 0, n, plan, allowed
+    return s0, s1, shaw_sub_plan(plan, s0, s1), None if allowed is None else allowed[..., s0:s1]
+
+
 def _gather_rows(s: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
     """``out[..., i, j] = s[..., i, index_ij]``: ``(B, H, Lq, R) -> (B, H, Lq, Lk)``."""
     b, h, lq, _ = s.shape
@@ -232,7 +247,8 @@ class ShawRelative(PositionScheme):
         parts = []
         for start, end in blocks:
             rows, k_end = _block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query
-            parts.append((start, end, self._block_plan(ctx, start, end, k_end), rows))
+            plan = self._block_plan(ctx, start, end, k_end)
+            parts.append((start, end, plan, rows, shaw_split(plan, rows)))
         return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], scale, parts)
 
     def extra_repr(self):
