@@ -213,6 +213,9 @@ RESULT_COMMANDS = {
                                          "--batches 1,2 --repeats 3 --out benchmarks/results/t5_sides/L2048",
     "benchmarks/results/sides_B32": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,deberta "
                                     "--lengths 1024 --batches 32 --repeats 3 --out benchmarks/results/sides_B32",
+    "benchmarks/results/sides_B8_L2048": "python -m benchmarks.run --only train,memory --schemes "
+                                         "t5,alibi,shaw,xlnet,deberta --lengths 2048 --batches 8 --repeats 3 --out "
+                                         "benchmarks/results/sides_B8_L2048",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
