@@ -4,6 +4,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from benchmarks.report import TARGET_CACHE_SPEEDUP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -1001,16 +1003,18 @@ def test_readme_quotes_t5_beyond_max_distance():
             f"{before[2048, 1]['time_ratio']:.2f} and {before[2048, 1]['memory_ratio']:.2f}× before)") in para
 
 
-def test_readme_quotes_batch_32_at_l_1024():
-    """The README's paragraph on benchmarks/results/sides_B32: each scheme's time, the one miss, memory and the block
-    size, from the run."""
+@pytest.mark.parametrize("heading,folder,length,batch", [("Batch 32 at L = 1024", "sides_B32", 1024, 32),
+                                                         ("Batch 8 at L = 2048", "sides_B8_L2048", 2048, 8)])
+def test_readme_quotes_one_large_shape(heading, folder, length, batch):
+    """The README's paragraphs on one large shape for every scheme with a goal (benchmarks/results/sides_B32,
+    sides_B8_L2048): each scheme's time, the one miss and memory, from the run."""
     from benchmarks.report import batch_goals
 
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    para = text.split("**Batch 32 at L = 1024**", 1)[1].split("**", 1)[0]
-    docs = {f"{p}_batches": json.loads((RESULTS / "sides_B32" / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+    para = text.split(f"**{heading}**", 1)[1].split("**", 1)[0]
+    docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
     rows = {r["scheme"]: r for r in batch_goals(docs)}
-    assert {(r["length"], r["batch"]) for r in rows.values()} == {(1024, 32)}
+    assert {(r["length"], r["batch"]) for r in rows.values()} == {(length, batch)}
     assert sorted(rows) == ["alibi", "deberta", "shaw", "t5", "xlnet"]
     assert f"{round(sum(d['wall_s'] for d in docs.values()) / 60)} min)" in para
     assert [pe for pe, r in rows.items() if not r["time_met"]] == ["xlnet"]
@@ -1019,24 +1023,6 @@ def test_readme_quotes_batch_32_at_l_1024():
         assert f"{pe} ({rows[pe]['time_ratio']:.2f})" in para
     mems = [r["memory_ratio"] for r in rows.values()]
     assert all(r["memory_met"] for r in rows.values()) and f"({min(mems):.2f}–{max(mems):.2f}×)" in para
-    settings = docs["train_batches"]["attention_settings"]
-    assert settings["layer.BLOCK_ELEMENTS"] // (32 * 8 * 1024) == 64 and "the blocks are 64 query rows" in para
-
-
-def test_readme_quotes_batch_8_at_l_2048():
-    """The README's paragraph on benchmarks/results/sides_B8_L2048: each scheme's time, the one miss and memory."""
-    from benchmarks.report import batch_goals
-
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    para = text.split("**Batch 8 at L = 2048**", 1)[1].split("**", 1)[0]
-    folder = RESULTS / "sides_B8_L2048"
-    docs = {f"{p}_batches": json.loads((folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-    rows = {r["scheme"]: r for r in batch_goals(docs)}
-    assert {(r["length"], r["batch"]) for r in rows.values()} == {(2048, 8)} and len(rows) == 5
-    assert f"{round(sum(d['wall_s'] for d in docs.values()) / 60)} min)" in para
-    assert [pe for pe, r in rows.items() if not r["time_met"]] == ["xlnet"]
-    assert f"missed for xlnet ({rows['xlnet']['time_ratio']:.2f} against its 2.0)" in para
-    for pe in ("t5", "alibi", "shaw", "deberta"):
-        assert f"{pe} ({rows[pe]['time_ratio']:.2f})" in para
-    mems = [r["memory_ratio"] for r in rows.values()]
-    assert all(r["memory_met"] for r in rows.values()) and f"({min(mems):.2f}–{max(mems):.2f}×)" in para
+    if batch == 32:  # BLOCK_ELEMENTS caps a block's scores at 2^24: 64 query rows at this size
+        settings = docs["train_batches"]["attention_settings"]
+        assert settings["layer.BLOCK_ELEMENTS"] // (32 * 8 * 1024) == 64 and "the blocks are 64 query rows" in para
