@@ -1,7 +1,8 @@
 """``greedy_decode(compile=True)``: the cached step compiled as one graph gives the uncompiled step's tokens.
 
-Every scheme is traced with the ``aot_eager`` backend (TorchDynamo's capture and AOTAutograd's functional
-graph, run by the eager kernels: seconds per scheme); one scheme goes through inductor, the backend users
+Every scheme is traced by TorchDynamo and its graph run by the eager kernels (the ``eager`` backend, a few
+seconds per scheme); one scheme, XLNet (the one whose step also fills a table it keeps), goes on through
+AOTAutograd's functional graph (``aot_eager``, tens of seconds), and one through inductor, the backend users
 get (tens of seconds to compile).  The decoding benchmark checks every scheme with inductor at the
 benchmark's size (``identical_compiled`` in benchmarks/results/batches/decode.json).
 """
@@ -38,20 +39,28 @@ def _graphs_of_step() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+#: the scheme whose step also goes through AOTAutograd's functional graph (``aot_eager``)
+FUNCTIONAL = "xlnet"
+
+
 @pytest.fixture
-def aot_eager(monkeypatch):
+def backend(request, monkeypatch):
+    """The compile backend of the decoding step for one test (``eager`` unless the test is parametrized)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
+    name = getattr(request, "param", "eager")
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(decoding, "COMPILE_BACKEND", "aot_eager")
-    yield
+    monkeypatch.setattr(decoding, "COMPILE_BACKEND", name)
+    yield name
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("pe", PE_TYPES)
-def test_compiled_step_gives_the_uncompiled_tokens(pe, aot_eager):
+@pytest.mark.parametrize(
+    "pe, backend", [(pe, "aot_eager" if pe == FUNCTIONAL else "eager") for pe in PE_TYPES], indirect=["backend"]
+)
+def test_compiled_step_gives_the_uncompiled_tokens(pe, backend):
     model = _model(pe, max_len=64) if pe == "learned" else _model(pe)
     src, mask = _batch()
     for eos in (None, 2):  # every step decoded; rows ending at different steps (the loop stops when all have)
@@ -92,7 +101,7 @@ def test_compiled_step_with_inductor_gives_the_uncompiled_tokens():
     assert torch.equal(greedy_decode(model, src, compile=True, **kw), want)
 
 
-def test_a_learned_table_too_short_is_refused_as_without_compiling(aot_eager):
+def test_a_learned_table_too_short_is_refused_as_without_compiling(backend):
     model = _model("learned", max_len=6)
     src, _ = _batch()
     src = src[:, :5]
