@@ -11,7 +11,7 @@ import torch
 from posenc_lib import PE_TYPES, build_model, greedy_decode
 from posenc_lib.models.beam import beam_search
 from posenc_lib.experiments.wmt14.data import load_wmt14, read_parallel
-from posenc_lib.experiments.wmt14.evaluate import bleu_by_source_length
+from posenc_lib.experiments.wmt14.evaluate import bleu_by_source_length, bleu_chrf, paired_bootstrap
 from posenc_lib.experiments.wmt14.train import get_profile, lr_at, make_batches
 from posenc_lib.experiments.wmt14 import bleu_by_length, main, parse_pes, prepare_data, run
 
@@ -199,10 +199,26 @@ def test_bleu_by_source_length_buckets():
     assert [r["sentences"] for r in rows] == [1, 2, 1]
     assert rows[1]["bleu"] == pytest.approx(100.0) and rows[2]["bleu"] < 10
     assert [r["beyond_training"] for r in rows] == [False, False, True]
+    # each bucket's scores are sacreBLEU's corpus scores of its sentences alone
+    for row, idx in zip(rows, ([1], [0, 2], [3])):
+        alone = bleu_chrf([hyps[i] for i in idx], [refs[i] for i in idx])
+        assert (row["bleu"], row["chrf"]) == (alone["bleu"], alone["chrf"])
     with pytest.raises(ValueError, match="strictly increasing"):
         bleu_by_source_length(hyps, refs, [1, 2, 3, 4], [0, 10, 5])
     with pytest.raises(ValueError, match="differ in length"):
         bleu_by_source_length(hyps, refs[:2], [1, 2, 3, 4], [0, 10])
+
+
+def test_paired_bootstrap_of_several_systems_gives_each_pair_its_own_test():
+    refs = ["the cat sat on the mat", "a dog barks at night", "hello world again", "one two three four five"]
+    systems = {"a": ["the cat sat on a mat", "a dog barks", "hello world", "one two three"],
+               "b": ["the cat sat on the mat", "the dog barks at night", "hello again", "one two three four"],
+               "c": ["a cat", "a dog barks at night", "hello world again", "five four three two one"]}
+    rows = paired_bootstrap(systems, refs, n_samples=50)
+    assert [(r["baseline"], r["system"]) for r in rows] == [("a", "b"), ("a", "c"), ("b", "c")]
+    for r in rows:
+        alone = paired_bootstrap({r["baseline"]: systems[r["baseline"]], r["system"]: systems[r["system"]]}, refs, 50)
+        assert alone == [r]
 
 
 def test_save_figures_leaves_the_plotting_backend_alone(tmp_path):

@@ -94,11 +94,15 @@ def test_within_training_length_keeps_the_short_sources():
 
 
 def test_bleu_by_length_averages_the_seeds():
-    rows = R.bleu_by_length_over_seeds(RUN)["rope"]
+    by_scheme = R.bleu_by_length_over_seeds(RUN, schemes=["rope"])
+    assert list(by_scheme) == ["rope"]
+    rows = by_scheme["rope"]
     assert sum(r["sentences"] for r in rows) == 3003
     for r in rows:
         assert r["bleu"] == pytest.approx(sum(r["bleu_by_seed"].values()) / len(r["bleu_by_seed"]))
     assert len(rows[0]["bleu_by_seed"]) == len(read_json(RUN / "results.json")["models"]["rope"])
+    with pytest.raises(ValueError, match="no model of 'ropee'; valid choices: .*rope"):
+        R.bleu_by_length_over_seeds(RUN, schemes=["ropee"])
 
 
 def test_degenerate_repetition_is_found_and_ordinary_text_is_not():

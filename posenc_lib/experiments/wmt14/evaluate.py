@@ -153,16 +153,21 @@ def bleu_by_source_length(hyps: Sequence[str], refs: Sequence[str], src_lengths:
     edges = [int(e) for e in edges]
     if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] < 0:
         raise ValueError(f"edges must be non-negative and strictly increasing, got {edges}")
+    from sacrebleu.metrics import BLEU, CHRF
+
+    # each sentence's statistics once (sacreBLEU's own corpus score sums them), then summed per bucket
+    metrics = (BLEU(), CHRF())
+    stats = [m._extract_corpus_statistics(list(hyps), [list(refs)]) for m in metrics]
     rows = []
     for k, lo in enumerate(edges):
         hi = edges[k + 1] if k + 1 < len(edges) else None
         idx = [i for i, n in enumerate(src_lengths) if n >= lo and (hi is None or n < hi)]
         if not idx:
             continue
-        res = bleu_chrf([hyps[i] for i in idx], [refs[i] for i in idx])
+        bleu, chrf = (m._aggregate_and_compute([st[i] for i in idx]).score for m, st in zip(metrics, stats))
         rows.append({
             "bucket": f"{lo}-{hi - 1}" if hi is not None else f"{lo}+", "min_len": lo, "max_len": hi - 1 if hi else None,
-            "sentences": len(idx), "bleu": res["bleu"], "chrf": res["chrf"],
+            "sentences": len(idx), "bleu": round(bleu, 2), "chrf": round(chrf, 2),
             "beyond_training": None if train_max_len is None else lo > train_max_len,
         })  # fmt: skip
     return rows
@@ -178,16 +183,18 @@ def paired_bootstrap(systems: dict[str, list[str]], refs: list[str], n_samples: 
         raise TypeError(f"systems must be a dict {{name: hypotheses}}, got {type(systems).__name__}")
     for name, hyps in systems.items():
         _check_corpus(f"systems[{name!r}]", hyps, n)
+    # the references are read once for every pair, and each baseline is tested against all later systems in one
+    # test: every system is resampled with the same seed, so each pair's numbers are those of a test of that pair
+    metrics = {"BLEU": BLEU(references=[refs]), "chrF": CHRF(references=[refs])}
     names, out = list(systems), []
-    for a in range(len(names)):
-        for b in range(a + 1, len(names)):
-            pair = [(names[a], systems[names[a]]), (names[b], systems[names[b]])]
-            metrics = {"BLEU": BLEU(references=[refs]), "chrF": CHRF(references=[refs])}
-            test = PairedTest(pair, metrics, references=None, test_type="bs", n_samples=n_samples)
-            sigs, scores = test()
-            row = {"baseline": names[a], "system": names[b], "n_samples": n_samples}
+    for a in range(len(names) - 1):
+        named = [(name, systems[name]) for name in names[a:]]
+        test = PairedTest(named, metrics, references=None, test_type="bs", n_samples=n_samples)
+        sigs, scores = test()
+        for b in range(1, len(named)):
+            row = {"baseline": names[a], "system": named[b][0], "n_samples": n_samples}
             for metric, key in (("BLEU", "bleu"), ("chrF2", "chrf")):
-                base, sys_ = scores[metric]
+                base, sys_ = scores[metric][0], scores[metric][b]
                 row[f"{key}_baseline"] = round(float(base.score), 2)
                 row[f"{key}_system"] = round(float(sys_.score), 2)
                 row[f"{key}_p"] = round(float(sys_.p_value), 4)

@@ -36,6 +36,7 @@ import platform
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from concurrent.futures import as_completed
 from dataclasses import asdict
 from pathlib import Path
@@ -684,12 +685,13 @@ def _read_hyps(path: Path, n_refs: int) -> list[str]:
 
 
 def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61), seed: int | str | None = None,
-                   ) -> dict[str, list[dict]]:  # fmt: skip
+                   schemes: Sequence[str] | None = None) -> dict[str, list[dict]]:  # fmt: skip
     """BLEU and chrF per bucket of source length (in the run's own subword tokens), per scheme.
 
     Reads ``src.TEST.txt``, ``ref.TEST.txt``, ``tokenizer.json`` and each model's ``hyp.TEST.txt``
-    from ``run_dir``; ``seed`` picks one seed (default: the first one of each scheme).  Buckets
-    starting beyond the training length limit (``max_tokens``) are marked ``beyond_training``.
+    from ``run_dir``; ``seed`` picks one seed (default: the first one of each scheme), ``schemes`` some of the
+    run's schemes (default all).  Buckets starting beyond the training length limit (``max_tokens``) are marked
+    ``beyond_training``.
     """
     check_choice("test", test, ("heldout", "newstest2014"))
     run_dir = Path(run_dir)
@@ -698,19 +700,35 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
     if missing:
         raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.experiments.wmt14)")
     results = read_json(run_dir / "results.json")
+    names = run_schemes(results, schemes)
     kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
     tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
     src, ref = _read_lines(run_dir / f"src.{test}.txt"), _read_lines(run_dir / f"ref.{test}.txt")
     lengths = [len(ids) for ids in tok.encode(src)]
     max_tokens = results["config"]["profile"]["max_tokens"]
     out = {}
-    for pe, by_seed in results["models"].items():
+    for pe in names:
+        by_seed = results["models"][pe]
         key = str(seed) if seed is not None else next(iter(by_seed))
         if key not in by_seed:
             continue
         hyp = _read_hyps(run_dir / f"{pe}-seed{key}" / f"hyp.{test}.txt", len(ref))
         out[pe] = bleu_by_source_length(hyp, ref, lengths, edges, train_max_len=max_tokens)
     return out
+
+
+def run_schemes(results: dict, schemes: Sequence[str] | None) -> list[str]:
+    """The run's schemes named in ``schemes`` (in the run's order; all of them for ``None``); a scheme the run
+    does not have is refused, naming the ones it has."""
+    have = list(results["models"])
+    if schemes is None:
+        return have
+    if isinstance(schemes, str) or not all(isinstance(pe, str) for pe in schemes):
+        raise TypeError(f"schemes must be a list of scheme names, got {schemes!r}")
+    missing = [pe for pe in schemes if pe not in have]
+    if missing:
+        raise ValueError(f"the run has no model of {', '.join(map(repr, missing))}; valid choices: {', '.join(have)}")
+    return [pe for pe in have if pe in schemes]
 
 
 # -- summaries and figures -------------------------------------------------------------------------

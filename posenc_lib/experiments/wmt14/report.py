@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ...utils import atomic_write_json, check_choice, interval95, read_json, t_quantile_975  # noqa: F401 (re-exported)
 from .evaluate import bleu_chrf, paired_bootstrap
-from .pipeline import TESTS, bleu_by_length
+from .pipeline import TESTS, bleu_by_length, run_schemes
 from .tokenizer import get_tokenizer
 
 #: the metrics :func:`seed_stats` reads from each model's results (``short_*``: sources within the training length)
@@ -124,16 +124,19 @@ def within_training_length(run_dir, test: str = "newstest2014") -> dict:
     return {"n": len(keep), "total": len(src), "max_tokens": max_tokens, "models": models}
 
 
-def bleu_by_length_over_seeds(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61)) -> dict[str, list[dict]]:
+def bleu_by_length_over_seeds(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61),
+                              schemes: list[str] | None = None) -> dict[str, list[dict]]:  # fmt: skip
     """BLEU per bucket of source length for every seed, then averaged: ``{scheme: [{"bucket", "min_len", "max_len",
-    "sentences", "beyond_training", "bleu" (mean over the seeds), "bleu_by_seed"}]}``."""
+    "sentences", "beyond_training", "bleu" (mean over the seeds), "bleu_by_seed"}]}``; ``schemes``: some of the
+    run's schemes (default all)."""
     run_dir = Path(run_dir)
     results = read_json(run_dir / "results.json")
-    seeds = sorted({int(s) for by_seed in results["models"].values() for s in by_seed})
-    per_seed = {seed: bleu_by_length(run_dir, test, edges, seed=seed) for seed in seeds}
+    names = run_schemes(results, schemes)
+    seeds = sorted({int(s) for pe in names for s in results["models"][pe]})
+    per_seed = {seed: bleu_by_length(run_dir, test, edges, seed=seed, schemes=names) for seed in seeds}
     out = {}
-    for pe, by_seed in results["models"].items():
-        have = [int(s) for s in by_seed]
+    for pe in names:
+        have = [int(s) for s in results["models"][pe]]
         rows = []
         for k, bucket in enumerate(per_seed[have[0]][pe]):
             vals = {s: per_seed[s][pe][k]["bleu"] for s in have}
