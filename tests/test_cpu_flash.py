@@ -234,11 +234,15 @@ def test_shaw_model_with_outer_keys_gives_the_explicit_loss_and_gradients(padded
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_deberta_keys_beyond_the_clipping_run_without_a_mask_with_the_explicit_loss_and_gradients(padded, monkeypatch):
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_deberta_keys_beyond_the_clipping_run_without_a_mask_with_the_explicit_loss_and_gradients(padded, chunk,
+                                                                                                 monkeypatch):  # fmt: skip
     """DeBERTa's keys that are clipped to one bucket for every row of a block (4 buckets, relative positions up to 4,
     blocks of 4 rows of 20 and 15 positions) run in the kernel without a mask on q + Q^r, their c2p term folded
     into the log-sum-exp: the loss and every gradient equal the explicit path's, encoder (both sides) and causal
-    decoder (the left side), with padded keys (a side holding one stays with the strip)."""
+    decoder (the left side), with padded keys (a side holding one stays with the strip); the batch at once, or
+    each batch row on its own (BATCH_CHUNK_ELEMENTS)."""
+    monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", chunk)
     set_seed(0)
     model = build_model("deberta", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
                         position_buckets=4, max_relative_positions=4).train()  # fmt: skip
@@ -269,7 +273,7 @@ def test_deberta_keys_beyond_the_clipping_run_without_a_mask_with_the_explicit_l
         torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
     encoder = [r for blocks, r in seen if blocks[-1][2] == 20 and blocks[0][2] == 20]
     decoder = [r for blocks, r in seen if blocks[0][2] == 4]
-    assert len(encoder) == len(decoder) == 2
+    assert len(encoder) == len(decoder) == 2 * (3 if chunk == 1 else 1)  # a node per layer, or per batch row
     # the bucket index is clipped for keys j <= i - 3 and j >= i + 4: rows 8-11 split off keys 0-5 and 15-19 in the
     # encoder (the right side stays with the strip where a padded key sits there), keys 0-5 in the causal decoder
     assert encoder[0][2] == ((6, 20) if padded else (6, 15))
@@ -369,6 +373,36 @@ def test_a_layers_blocks_run_in_one_node_from_parts_made_once(pe, padded, monkey
     assert len(made) == 4 + 4  # once per layer in each setting (explicit: one piece per layer)
     # the decoder's causal blocks against the keys up to their last query, in the forward and the backward pass
     assert {(0, 4, 4), (4, 8, 8), (8, 11, 11)} <= set(cut) and {(0, 4, 13), (12, 13, 13)} <= set(cut)
+
+
+@pytest.mark.parametrize("pe", ["deberta", "xlnet"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_batch_rows_in_chunks_give_the_loss_and_gradients_of_the_explicit_path(pe, padded, monkeypatch):
+    """With BATCH_CHUNK_ELEMENTS below one batch row's blocks, each batch row runs in its own flash_blocks node (its
+    rows of the padding mask, the layer's parts shared): the loss and every gradient equal the explicit path's."""
+    monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    results = _explicit_then_fused(pe, padded, monkeypatch)
+    assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 4 * 3  # 2 encoder + 2 decoder layers, 3 batch rows
+    monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", 4 * 4 * 13 * 2)  # two batch rows of the encoder's blocks
+    results = _explicit_then_fused(pe, padded, monkeypatch)
+    assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 4 * 2  # chunks of 2 rows and 1 row
+
+
+@pytest.mark.parametrize("chunk, rows", [(None, 1), (2**23, 4)])
+def test_above_the_blocking_threshold_chunked_batch_rows_keep_their_block_size(chunk, rows, monkeypatch):
+    """Above BLOCK_ELEMENTS a call runs in blocks of fewer rows the larger its batch; XLNet's, whose batch rows run
+    in chunks, keeps FUSED_BLOCK_ROWS (a chunk's blocks are bounded by BATCH_CHUNK_ELEMENTS)."""
+    monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 64)  # 64 // (3 * 4 * 13) = 1 row a block
+    seen, real = [], cpu_flash.flash_blocks
+    monkeypatch.setattr(cpu_flash, "flash_blocks", lambda *a, **kw: seen.append(a[4]) or real(*a, **kw))
+    set_seed(0)
+    model = build_model("xlnet", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
+    src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
+    model.loss(src, tgt[:, :-1], tgt[:, 1:]).backward()
+    assert len(seen) == 4 and all(max(e - s for s, e, _ in spans) == rows for spans in seen)
 
 
 def test_xlnet_block_parts_are_the_rows_its_slices_of_r_project():

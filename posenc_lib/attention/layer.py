@@ -130,6 +130,16 @@ FUSED_BLOCK_ROWS: int = 128
 #: 1.51 -> 1.40 at batch 1, L = 2048.  ``None``: :data:`FUSED_BLOCK_ROWS`.
 SIDED_BLOCK_ROWS: int | None = 256
 
+#: A training call of a scheme whose score terms are laid out per block from shared parts (XLNet, DeBERTa:
+#: :func:`_shared_parts_attention`) runs its batch rows in chunks whose blocks lay out at most this many scores
+#: (batch rows x heads x block rows x keys; at least one batch row a chunk), so that a block's terms, weights and
+#: their gradients are written and read again in smaller pieces (at batch 16, L = 1024, a block of all batch rows held
+#: 64 MiB).  XLNet's whole step, median of 3 interleaved repeats over ``none``'s, the whole batch against chunks of
+#: at most 2**21 and 2**23 scores: 1.83 -> 1.70 and 1.65 at batch 16, L = 1024; 1.99 -> 1.89 and 1.81 at batch 8,
+#: L = 2048; at batch 32, L = 1024, 2.10 against chunks of 2 and 8 batch rows (2**21, 2**23) 1.71 and 1.58.
+#: ``None``: the whole batch at once.
+BATCH_CHUNK_ELEMENTS: int | None = 2**23
+
 
 def on_host(t: torch.Tensor) -> bool:
     """True when reading ``t``'s values costs no device synchronisation (a CPU tensor) and breaks no
@@ -464,7 +474,7 @@ class MultiHeadAttention(nn.Module):
             shared = not pos.adds_scores and (allowed is None or allowed.shape[0] == 1)
             if pos.adds_values:  # the scheme computes its value term from the kernel's lse itself
                 out, blocks = pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks), []
-            elif bias is None and getattr(pos, "score_parts", None) is not None and pos.block_parts is not None:
+            elif _shares_parts(pos, bias):
                 out, blocks = _shared_parts_attention(pos, q, k, v, ctx, layer, self, scale, allowed, blocks), []
             elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
                 outs = []
@@ -535,7 +545,9 @@ class MultiHeadAttention(nn.Module):
             if rows >= q_len:
                 return None
             if torch.is_grad_enabled() and _cpu_flash_wanted(pos, q, p_drop):  # training: causal blocks pay
-                rows = min(rows, _fused_rows(pos))
+                # a scheme that runs its batch rows in chunks (BATCH_CHUNK_ELEMENTS) keeps its blocks' size
+                chunked = BATCH_CHUNK_ELEMENTS is not None and _shares_parts(pos, bias)
+                rows = _fused_rows(pos) if chunked else min(rows, _fused_rows(pos))
         return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
 
 
@@ -710,22 +722,40 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
         contexts.append(ctx_b)
         masks.append(rows)
 
-    def build(i, q, k, *parts):
-        (start, end, n), (s0, s1) = spans[i], ranges[i]
-        parts = pos.block_parts(parts, ctx, start, end, n)
-        return _mask_from_parts(pos, contexts[i], scale, masks[i], q[:, :, start:end], k[:, :, s0:s1], *parts)
-
-    def sides(i, q, k, *parts):
-        (start, end, n), (s0, s1) = spans[i], ranges[i]
-        parts, q_b = pos.block_parts(parts, ctx, start, end, n), q[:, :, start:end]
-        outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
-        return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
-
     parts = pos.score_parts(q, ctx, layer, attn)
     split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
-    return cpu_flash.flash_blocks(
-        q, k, v, scale, spans, build, q, k, *parts, ranges=ranges if split else None, sides=sides if split else None
-    )
+    b, h = q.shape[:2]
+    rows = max(end - start for start, end, _ in spans)
+    per_row = h * max((s1 - s0) * rows for s0, s1 in ranges)  # a block's laid-out scores per batch row
+    chunk = b if BATCH_CHUNK_ELEMENTS is None else max(1, min(b, BATCH_CHUNK_ELEMENTS // per_row))
+    outs = []
+    for c0 in range(0, b, chunk):  # batch rows in chunks: each block's scores stay in the cache
+        c1 = min(c0 + chunk, b)
+        cut = [None if m is None or m.shape[0] == 1 else m[c0:c1] for m in masks]
+
+        def build(i, q, k, *parts, cut=cut):
+            (start, end, n), (s0, s1) = spans[i], ranges[i]
+            parts = pos.block_parts(parts, ctx, start, end, n)
+            allowed_b = masks[i] if cut[i] is None else cut[i]
+            return _mask_from_parts(pos, contexts[i], scale, allowed_b, q[:, :, start:end], k[:, :, s0:s1], *parts)
+
+        def sides(i, q, k, *parts):
+            (start, end, n), (s0, s1) = spans[i], ranges[i]
+            parts, q_b = pos.block_parts(parts, ctx, start, end, n), q[:, :, start:end]
+            outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
+            return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
+
+        q_c, k_c, v_c = (t if chunk == b else t[c0:c1] for t in (q, k, v))
+        outs.append(cpu_flash.flash_blocks(
+            q_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
+            sides=sides if split else None,
+        ))  # fmt: skip
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _shares_parts(pos, bias) -> bool:
+    """The call runs through :func:`_shared_parts_attention`: score terms built per block from parts made once."""
+    return bias is None and getattr(pos, "score_parts", None) is not None and getattr(pos, "block_parts", None) is not None
 
 
 def _fused_rows(pos) -> int:
