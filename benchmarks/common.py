@@ -155,6 +155,7 @@ def attention_settings() -> dict:
         "layer.FLUSH_MIN_ELEMENTS": layer.FLUSH_MIN_ELEMENTS,
         "layer.FUSED_BLOCK_ROWS": layer.FUSED_BLOCK_ROWS,
         "layer.SIDED_BLOCK_ROWS": layer.SIDED_BLOCK_ROWS,
+        "layer.BATCH_CHUNK_ELEMENTS": layer.BATCH_CHUNK_ELEMENTS,
         "cpu_flash.SIDE_MIN_KEYS": cpu_flash.SIDE_MIN_KEYS,
         "cpu_flash.WORKSPACE_ELEMENTS": cpu_flash.WORKSPACE_ELEMENTS,
         "cpu_flash.WRITTEN_BACKWARD": cpu_flash.WRITTEN_BACKWARD,
