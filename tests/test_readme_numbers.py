@@ -1026,3 +1026,48 @@ def test_readme_quotes_one_large_shape(heading, folder, length, batch):
     if batch == 32:  # BLOCK_ELEMENTS caps a block's scores at 2^24: 64 query rows at this size
         settings = docs["train_batches"]["attention_settings"]
         assert settings["layer.BLOCK_ELEMENTS"] // (32 * 8 * 1024) == 64 and "the blocks are 64 query rows" in para
+
+
+def test_readme_quotes_batch_rows_in_chunks():
+    """The README's paragraph on benchmarks/results/batch_chunks (and its B32/, B8_L2048/): XLNet's and DeBERTa's
+    times and memory against the runs before, and which shapes the chunks change, from the runs and the settings."""
+    from benchmarks.report import batch_goals
+    from posenc_lib.attention import layer
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Batch rows in chunks**", 1)[1].split("**", 1)[0]
+
+    def load(folder):
+        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        for d in docs.values():
+            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
+        rows = {(r["scheme"], r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] in ("xlnet", "deberta")}
+        return rows, round(sum(d["wall_s"] for d in docs.values()) / 60), docs
+
+    (b16, m1, docs), (b32, m2, _), (long, m3, _) = load("batch_chunks"), load("batch_chunks/B32"), load("batch_chunks/B8_L2048")
+    settings = docs["train_batches"]["attention_settings"]
+    assert settings["layer.BATCH_CHUNK_ELEMENTS"] == layer.BATCH_CHUNK_ELEMENTS == 2**23 and "at most 2^23 scores" in para
+    assert f"L = 512 and 1024, {m1} min, with `B32/`, batch 32 at L = 1024, {m2} min, and `B8_L2048/`" in para
+    assert f"batch 8, L = 2048, {m3} min)" in para
+    t = lambda rows, *k: f"{rows[k]['time_ratio']:.2f}"  # noqa: E731
+    before = {**load("sides_B32")[0], **load("sides_B8_L2048")[0], **load("xlnet_blocks")[0], **load("clipped_sides")[0]}
+    assert b32["xlnet", 1024, 32]["time_met"] and not before["xlnet", 1024, 32]["time_met"]
+    assert f"batch 32, L = 1024 took {t(b32, 'xlnet', 1024, 32)}, within its 2.0 ({t(before, 'xlnet', 1024, 32)} in" in para
+    assert f"L = 1024 {t(b16, 'xlnet', 1024, 16)} ({t(before, 'xlnet', 1024, 16)} in `xlnet_blocks/`)" in para
+    assert not long["xlnet", 2048, 8]["time_met"] and not before["xlnet", 2048, 8]["time_met"]
+    assert f"it read {t(long, 'xlnet', 2048, 8)} ({t(before, 'xlnet', 2048, 8)} in `sides_B8_L2048/`), still over" in para
+    assert f"read {t(b16, 'xlnet', 512, 16)} against {t(before, 'xlnet', 512, 16)} before" in para
+    deb = [("deberta", 512, 16), ("deberta", 1024, 16), ("deberta", 1024, 32)]
+    now, then = {**b16, **b32}, before
+    assert all(now[k]["time_met"] and then[k]["time_met"] for k in deb)
+    assert (f"DeBERTa read {t(now, *deb[0])} and {t(now, *deb[1])} at batch 16, L = 512 and 1024, and {t(now, *deb[2])} "
+            f"at batch 32 ({t(then, *deb[0])}, {t(then, *deb[1])} and {t(then, *deb[2])} before)") in para
+    mems = [r["memory_ratio"] for rows in (b16, b32, long) for r in rows.values()]
+    assert all(m <= 1.3 for m in mems) and f"Peak memory was {min(mems):.2f}–{max(mems):.2f}×" in para
+    # which calls the chunks change: XLNet's blocks of 128 rows at L = 512 hold 8 * 128 * 512 scores a batch row, so
+    # batch 16 fits one chunk (its blocks were 128 rows before too: BLOCK_ELEMENTS allowed 256); at L = 1024, batch 16
+    # and 32, and L = 2048, batch 8, it runs in 2, 4 and 2 chunks
+    per_row = lambda length: 8 * layer.FUSED_BLOCK_ROWS * length  # noqa: E731
+    assert layer.BATCH_CHUNK_ELEMENTS // per_row(512) >= 16 and "fit one chunk (the path is unchanged)" in para
+    assert settings["layer.BLOCK_ELEMENTS"] // (16 * 8 * 512) >= layer.FUSED_BLOCK_ROWS
+    assert [-(-b // (layer.BATCH_CHUNK_ELEMENTS // per_row(n))) for b, n in ((16, 1024), (32, 1024), (8, 2048))] == [2, 4, 2]

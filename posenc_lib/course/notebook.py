@@ -216,6 +216,13 @@ RESULT_COMMANDS = {
     "benchmarks/results/sides_B8_L2048": "python -m benchmarks.run --only train,memory --schemes "
                                          "t5,alibi,shaw,xlnet,deberta --lengths 2048 --batches 8 --repeats 3 --out "
                                          "benchmarks/results/sides_B8_L2048",
+    "benchmarks/results/batch_chunks": "python -m benchmarks.run --only train,memory --schemes xlnet,deberta --lengths "
+                                       "512,1024 --batches 16 --repeats 3 --out benchmarks/results/batch_chunks",
+    "benchmarks/results/batch_chunks/B32": "python -m benchmarks.run --only train,memory --schemes xlnet,deberta "
+                                           "--lengths 1024 --batches 32 --repeats 3 --out benchmarks/results/batch_chunks/B32",
+    "benchmarks/results/batch_chunks/B8_L2048": "python -m benchmarks.run --only train,memory --schemes xlnet --lengths "
+                                                "2048 --batches 8 --repeats 3 --out "
+                                                "benchmarks/results/batch_chunks/B8_L2048",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
