@@ -389,20 +389,22 @@ def test_batch_rows_in_chunks_give_the_loss_and_gradients_of_the_explicit_path(p
     assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 4 * 2  # chunks of 2 rows and 1 row
 
 
-@pytest.mark.parametrize("chunk, rows", [(None, 1), (2**23, 4)])
-def test_above_the_blocking_threshold_chunked_batch_rows_keep_their_block_size(chunk, rows, monkeypatch):
+@pytest.mark.parametrize("chunk, rows, nodes", [(None, 1, 4), (4 * 4 * 13, 4, 12)])
+def test_above_the_blocking_threshold_a_blocks_rows_count_against_one_chunk(chunk, rows, nodes, monkeypatch):
     """Above BLOCK_ELEMENTS a call runs in blocks of fewer rows the larger its batch; XLNet's, whose batch rows run
-    in chunks, keeps FUSED_BLOCK_ROWS (a chunk's blocks are bounded by BATCH_CHUNK_ELEMENTS)."""
+    in chunks, counts a block's rows against one chunk's batch rows: with chunks of one batch row, blocks of
+    FUSED_BLOCK_ROWS (4) where the whole batch of 3 gets blocks of 1 row; a block never exceeds BLOCK_ELEMENTS."""
     monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", chunk)
     monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
-    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 64)  # 64 // (3 * 4 * 13) = 1 row a block
+    monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 4 * 4 * 13)  # 4 heads x 4 rows x 13 keys: 1 row of 3 batch rows
     seen, real = [], cpu_flash.flash_blocks
-    monkeypatch.setattr(cpu_flash, "flash_blocks", lambda *a, **kw: seen.append(a[4]) or real(*a, **kw))
+    monkeypatch.setattr(cpu_flash, "flash_blocks", lambda *a, **kw: seen.append((a[0].shape[0], a[4])) or real(*a, **kw))
     set_seed(0)
     model = build_model("xlnet", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
     src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
     model.loss(src, tgt[:, :-1], tgt[:, 1:]).backward()
-    assert len(seen) == 4 and all(max(e - s for s, e, _ in spans) == rows for spans in seen)
+    assert len(seen) == nodes and all(max(e - s for s, e, _ in spans) == rows for _, spans in seen)
+    assert all(b * 4 * (e - s) * n <= attention.BLOCK_ELEMENTS for b, spans in seen for s, e, n in spans)
 
 
 def test_xlnet_block_parts_are_the_rows_its_slices_of_r_project():
