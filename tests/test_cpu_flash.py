@@ -653,3 +653,20 @@ def test_offset_rows_gradient_sums_each_diagonal(batch_mask):
     (mine,) = torch.autograd.grad(out, values, grad)
     (theirs,) = torch.autograd.grad(ref, values, grad)
     torch.testing.assert_close(mine, theirs)
+
+
+@pytest.mark.parametrize("pe, rows", [("xlnet", 128), ("deberta", 256)])
+def test_the_benchmark_shape_at_batch_32_runs_blocks_of_full_rows(pe, rows, monkeypatch):
+    """At batch 32, L = 1024 (the benchmark model: 8 heads of 32) BLOCK_ELEMENTS alone would allow blocks of 64 rows;
+    the chunked schemes count a block against one chunk of batch rows and keep their full blocks."""
+    from posenc_lib.attention.layer import choose_attention_path
+
+    monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", SIDED_BLOCK_ROWS)  # the module's own choice
+    attn = MultiHeadAttention(256, 8)
+    scheme = make_scheme(pe, 256, 8, 1, causal=True)
+    q = torch.empty(32, 8, 1024, 32)
+    path = choose_attention_path(scheme, q_len=1024, k_len=1024, causal=True, padded=False)
+    assert attention.BLOCK_ELEMENTS // (32 * 8 * 1024) == 64
+    with torch.enable_grad():
+        blocks = attn._query_blocks(q, 1024, path, scheme, None, None)
+    assert {e - s for s, e in blocks} == {rows}
