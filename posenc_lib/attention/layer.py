@@ -732,10 +732,12 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
     b, h = q.shape[:2]
     rows = max(end - start for start, end, _ in spans)
     per_row = h * max((s1 - s0) * rows for s0, s1 in ranges)  # a block's laid-out scores per batch row
-    limit = BATCH_CHUNK_ELEMENTS if BLOCK_ELEMENTS is None else min(BATCH_CHUNK_ELEMENTS or BLOCK_ELEMENTS, BLOCK_ELEMENTS)
-    chunk = b if limit is None else max(1, min(b, limit // per_row))
+    chunk = b
+    if BATCH_CHUNK_ELEMENTS is not None:
+        limit = BATCH_CHUNK_ELEMENTS if BLOCK_ELEMENTS is None else min(BATCH_CHUNK_ELEMENTS, BLOCK_ELEMENTS)
+        chunk = max(1, min(b, limit // per_row))
     outs = []
-    for c0 in range(0, b, chunk):  # batch rows in chunks: each block's scores stay in the cache
+    for c0 in range(0, b, chunk):  # batch rows in chunks (BATCH_CHUNK_ELEMENTS)
         c1 = min(c0 + chunk, b)
         cut = [None if m is None or m.shape[0] == 1 else m[c0:c1] for m in masks]
 
