@@ -1071,3 +1071,9 @@ def test_readme_quotes_batch_rows_in_chunks():
     assert layer.BATCH_CHUNK_ELEMENTS // per_row(512) >= 16 and "fit one chunk (the path is unchanged)" in para
     assert settings["layer.BLOCK_ELEMENTS"] // (16 * 8 * 512) >= layer.FUSED_BLOCK_ROWS
     assert [-(-b // (layer.BATCH_CHUNK_ELEMENTS // per_row(n))) for b, n in ((16, 1024), (32, 1024), (8, 2048))] == [2, 4, 2]
+    b16, m4, _ = load("batch_chunks/B16_L2048")
+    x = b16["xlnet", 2048, 16]
+    verdict = "within its 2.0" if x["time_met"] else "over its 2.0"
+    assert (f"XLNet at batch 16, L = 2048 (`B16_L2048/`, {m4} min, 4 chunks of 4 batch rows) took {x['time_ratio']:.2f}, "
+            f"{verdict}, with peak memory {x['memory_ratio']:.2f}×") in para
+    assert -(-16 // (layer.BATCH_CHUNK_ELEMENTS // per_row(2048))) == 4

@@ -223,6 +223,9 @@ RESULT_COMMANDS = {
     "benchmarks/results/batch_chunks/B8_L2048": "python -m benchmarks.run --only train,memory --schemes xlnet --lengths "
                                                 "2048 --batches 8 --repeats 3 --out "
                                                 "benchmarks/results/batch_chunks/B8_L2048",
+    "benchmarks/results/batch_chunks/B16_L2048": "python -m benchmarks.run --only train,memory --schemes xlnet "
+                                                 "--lengths 2048 --batches 16 --repeats 3 --out "
+                                                 "benchmarks/results/batch_chunks/B16_L2048",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
