@@ -13,6 +13,23 @@ RESULTS = ROOT / "benchmarks" / "results"
 README_NAMES = {"Shaw, naive (L, L, d) tables": "shaw_naive"}
 
 
+def _grid(folder, parts=("train", "memory")):
+    """A benchmark grid of the AMD EPYC (2 threads) in ``benchmarks/results/<folder>``: its rows, as
+    ``benchmarks.report.batch_goals`` marks the goals, keyed ``(scheme, length, batch)``, its minutes and its documents."""
+    from benchmarks.report import batch_goals
+
+    docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in parts}
+    for d in docs.values():
+        assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
+    rows = {(r["scheme"], r["length"], r["batch"]): r for r in batch_goals(docs)}
+    return rows, sum(d["wall_s"] for d in docs.values()) / 60, docs
+
+
+def _scheme(rows, scheme):
+    """One scheme's rows of a :func:`_grid`, keyed ``(length, batch)``."""
+    return {(length, batch): r for (pe, length, batch), r in rows.items() if pe == scheme}
+
+
 def _rows():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split("## What each scheme costs", 1)[1].split("\n## ", 1)[0]
@@ -675,14 +692,10 @@ def test_readme_sizes_the_16000_update_grid_from_its_records():
 def test_readme_quotes_the_batch_axis_after_the_written_backward():
     """The README's paragraph on benchmarks/results/batches_epyc: goals held, misses and memory, from its run
     (the goals as the report marks them, ``benchmarks.report.batch_goals``)."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**The batch axis again, after the written-out backward pass**", 1)[1].split("**", 1)[0]
-    folder = RESULTS / "batches_epyc"
-    docs = {f"{part}_batches": json.loads((folder / f"{part}_batches.json").read_text()) for part in ("train", "memory")}
-    assert all("AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2 for d in docs.values())
-    rows = batch_goals(docs)
+    grid, minutes, _ = _grid("batches_epyc")
+    rows = list(grid.values())
     assert sorted({r["batch"] for r in rows}) == [1, 2, 8, 16] and sorted({r["length"] for r in rows}) == [512, 1024]
     held = {pe: sum(r["time_met"] for r in rows if r["scheme"] == pe) for pe in {r["scheme"] for r in rows}}
     assert "the time goal held at 8 for xlnet, 7 for alibi, 7 for shaw, 6 for t5 and 4 for deberta" in para
@@ -700,32 +713,25 @@ def test_readme_quotes_the_batch_axis_after_the_written_backward():
     over = {(r["scheme"], r["length"], r["batch"]): r["memory_ratio"] for r in rows if r["memory_met"] is False}
     assert set(over) == {("xlnet", 512, 1), ("xlnet", 512, 2), ("shaw", 512, 2), ("deberta", 512, 2)}
     assert f"({min(over.values()):.2f}–{max(over.values()):.2f}×)" in para
-    minutes = sum(d["wall_s"] for d in docs.values()) / 60
     assert f"2 threads, {round(minutes)} min;" in para
 
 
 def test_readme_quotes_alibi_laid_out_block_by_block():
     """The README's paragraph on benchmarks/results/alibi_offsets (and its L2048/): memory and time at L = 2048 against
     the run before (batches_epyc_2/L2048), and every goal at L = 512 and 1024, from the runs."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**ALiBi's bias, block by block**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        rows, minutes, docs = _grid(folder)
         for d in docs.values():
-            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
             assert d["attention_settings"]["alibi.OFFSET_MIN_ELEMENTS"] == 2**20  # measured with the per-block layout
-        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "alibi"}
-        return rows, sum(d["wall_s"] for d in docs.values()) / 60
+        return _scheme(rows, "alibi"), minutes
 
     grid, m1 = load("alibi_offsets")
     long, m2 = load("alibi_offsets/L2048")
     assert f"9 min with its `L2048/`" in para and round(m1 + m2) == 9
-    before = {(r["length"], r["batch"]): r for r in batch_goals(
-        {f"{p}_batches": json.loads((RESULTS / "batches_epyc_2" / "L2048" / f"{p}_batches.json").read_text())
-         for p in ("train", "memory")}) if r["scheme"] == "alibi"}  # fmt: skip
+    before = _scheme(_grid("batches_epyc_2/L2048")[0], "alibi")
     mem = [long[2048, b]["memory_ratio"] for b in (1, 2)]
     assert all(long[2048, b]["memory_met"] for b in (1, 2)) and not any(before[2048, b]["memory_met"] for b in (1, 2))
     assert f"fell to {mem[0]:.2f}× and {mem[1]:.2f}× of `none`'s at batch 1 and 2" in para
@@ -741,15 +747,12 @@ def test_readme_quotes_alibi_laid_out_block_by_block():
 def test_readme_quotes_t5_with_its_encoder_gradient_per_diagonal():
     """The README's paragraph on benchmarks/results/t5_offsets (and its L2048/): L = 2048 against batches_epyc_2/L2048,
     goals held and missed at L = 512 and 1024 against batches_epyc_2, from the runs."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**T5's encoder gradient, per diagonal**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "t5"}
-        return rows, sum(d["wall_s"] for d in docs.values()) / 60
+        rows, minutes, _ = _grid(folder)
+        return _scheme(rows, "t5"), minutes
 
     (grid, m1), (long, m2) = load("t5_offsets"), load("t5_offsets/L2048")
     before, before_long = load("batches_epyc_2")[0], load("batches_epyc_2/L2048")[0]
@@ -773,15 +776,12 @@ def test_readme_quotes_t5_with_its_encoder_gradient_per_diagonal():
 def test_readme_quotes_xlnet_in_one_node():
     """The README's paragraph on benchmarks/results/xlnet_blocks (and its L2048/): L = 2048 against
     batches_epyc_2/L2048, the goals at L = 512 and 1024, and none's peak at L = 512, batch 1 in each run quoted."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**XLNet's blocks in one node**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "xlnet"}
-        return rows, sum(d["wall_s"] for d in docs.values()) / 60
+        rows, minutes, _ = _grid(folder)
+        return _scheme(rows, "xlnet"), minutes
 
     def none_peak(folder):
         doc = json.loads((RESULTS / folder / "memory_batches.json").read_text())
@@ -836,14 +836,12 @@ def test_readme_quotes_compiled_decoding_on_the_amd_epyc():
 def test_readme_quotes_deberta_in_one_node():
     """The README's paragraph on benchmarks/results/deberta_blocks: goals held and missed, and the unchanged shape
     (L = 512, batch 1, explicit path) read against batches_epyc_2, from the runs."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**DeBERTa's blocks in one node**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "deberta"}
+        rows, _, docs = _grid(folder)
+        rows = _scheme(rows, "deberta")
         peaks = {pe: docs["memory_batches"]["results"]["batches"]["1"]["lengths"]["512"]["schemes"][pe]["peak_mb"]
                  for pe in ("none", "deberta")}  # fmt: skip
         return rows, peaks, docs
@@ -868,18 +866,15 @@ def test_readme_quotes_deberta_in_one_node():
 def test_readme_quotes_the_batch_axis_on_the_current_library():
     """The README's paragraph on benchmarks/results/batches_epyc_2 (and its L2048/, B32/ parts): goals held,
     misses, memory and what is not measured, from the runs (the goals as ``benchmarks.report.batch_goals`` marks them)."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**The batch axis after T5's per-block bias**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
+        rows, minutes, docs = _grid(folder)
         for d in docs.values():
-            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
             settings = d["attention_settings"]
             assert settings["layer.FUSED_MIN_ELEMENTS"] == 2**22 and settings["cpu_flash.BACKWARD_BLOCK_ROWS"] == 256
-        return batch_goals(docs), round(sum(d["wall_s"] for d in docs.values()) / 60)
+        return list(rows.values()), round(minutes)
 
     rows, minutes = load("batches_epyc_2")
     assert f"same AMD EPYC, {minutes} min," in para
@@ -890,9 +885,7 @@ def test_readme_quotes_the_batch_axis_on_the_current_library():
     ratio = {(r["scheme"], r["length"], r["batch"]): r["time_ratio"] for r in rows}
     t5 = ", ".join(f"{ratio['t5', 1024, b]:.2f}" for b in (1, 2, 8)) + f" and {ratio['t5', 1024, 16]:.2f}"
     assert f"T5 at L = 1024 measured {t5} from batch 1 to 16" in para
-    before = batch_goals({f"{p}_batches": json.loads((RESULTS / "batches_epyc" / f"{p}_batches.json").read_text())
-                          for p in ("train", "memory")})
-    old = {r["batch"]: r["time_ratio"] for r in before if r["scheme"] == "t5" and r["length"] == 1024}
+    old = {b: r["time_ratio"] for (length, b), r in _scheme(_grid("batches_epyc")[0], "t5").items() if length == 1024}
     assert f"({old[1]:.2f}, {old[2]:.2f}, {old[8]:.2f} and {old[16]:.2f} in the run before)" in para
     missed = sorted((r["scheme"], r["length"], r["batch"]) for r in rows if not r["time_met"])
     assert missed == [("deberta", 1024, 1), ("deberta", 1024, 2), ("deberta", 1024, 16), ("shaw", 1024, 2),
@@ -927,17 +920,12 @@ def test_readme_quotes_the_batch_axis_on_the_current_library():
 def test_readme_quotes_shaw_and_deberta_past_their_clipping():
     """The README's paragraph on benchmarks/results/clipped_sides (its L2048/ and L2048_memory_again/): every time goal,
     the misses before (batches_epyc_2), the memory misses and their second reading, from the runs."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**Shaw and DeBERTa past their clipping distance**", 1)[1].split("**", 1)[0]
 
     def load(folder, parts=("train", "memory")):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in parts}
-        for d in docs.values():
-            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
-        rows = {(r["scheme"], r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] in ("shaw", "deberta")}
-        return rows, round(sum(d["wall_s"] for d in docs.values()) / 60), docs
+        rows, minutes, docs = _grid(folder, parts)
+        return {k: r for k, r in rows.items() if k[0] in ("shaw", "deberta")}, round(minutes), docs
 
     grid, m1, docs = load("clipped_sides")
     long, m2, _ = load("clipped_sides/L2048")
@@ -977,15 +965,12 @@ def test_readme_quotes_shaw_and_deberta_past_their_clipping():
 def test_readme_quotes_t5_beyond_max_distance():
     """The README's paragraph on benchmarks/results/t5_sides (and its L2048/): goals held and missed, against
     t5_offsets/L2048, from the runs."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**T5 beyond `max_distance`**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-        rows = {(r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] == "t5"}
-        return rows, round(sum(d["wall_s"] for d in docs.values()) / 60), docs
+        rows, minutes, docs = _grid(folder)
+        return _scheme(rows, "t5"), round(minutes), docs
 
     (grid, m1, docs), (long, m2, _) = load("t5_sides"), load("t5_sides/L2048")
     before = load("t5_offsets/L2048")[0]
@@ -1008,15 +993,13 @@ def test_readme_quotes_t5_beyond_max_distance():
 def test_readme_quotes_one_large_shape(heading, folder, length, batch):
     """The README's paragraphs on one large shape for every scheme with a goal (benchmarks/results/sides_B32,
     sides_B8_L2048): each scheme's time, the one miss and memory, from the run."""
-    from benchmarks.report import batch_goals
-
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split(f"**{heading}**", 1)[1].split("**", 1)[0]
-    docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-    rows = {r["scheme"]: r for r in batch_goals(docs)}
+    grid, minutes, docs = _grid(folder)
+    rows = {pe: r for (pe, _, _), r in grid.items()}
     assert {(r["length"], r["batch"]) for r in rows.values()} == {(length, batch)}
     assert sorted(rows) == ["alibi", "deberta", "shaw", "t5", "xlnet"]
-    assert f"{round(sum(d['wall_s'] for d in docs.values()) / 60)} min)" in para
+    assert f"{round(minutes)} min)" in para
     assert [pe for pe, r in rows.items() if not r["time_met"]] == ["xlnet"]
     assert f"missed for xlnet ({rows['xlnet']['time_ratio']:.2f} against its 2.0)" in para
     for pe in ("t5", "alibi", "shaw", "deberta"):
@@ -1031,18 +1014,14 @@ def test_readme_quotes_one_large_shape(heading, folder, length, batch):
 def test_readme_quotes_batch_rows_in_chunks():
     """The README's paragraph on benchmarks/results/batch_chunks (and its B32/, B8_L2048/): XLNet's and DeBERTa's
     times and memory against the runs before, and which shapes the chunks change, from the runs and the settings."""
-    from benchmarks.report import batch_goals
     from posenc_lib.attention import layer
 
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     para = text.split("**Batch rows in chunks**", 1)[1].split("**", 1)[0]
 
     def load(folder):
-        docs = {f"{p}_batches": json.loads((RESULTS / folder / f"{p}_batches.json").read_text()) for p in ("train", "memory")}
-        for d in docs.values():
-            assert "AMD EPYC" in d["machine"]["cpu_model"] and d["machine"]["torch_threads"] == 2
-        rows = {(r["scheme"], r["length"], r["batch"]): r for r in batch_goals(docs) if r["scheme"] in ("xlnet", "deberta")}
-        return rows, round(sum(d["wall_s"] for d in docs.values()) / 60), docs
+        rows, minutes, docs = _grid(folder)
+        return {k: r for k, r in rows.items() if k[0] in ("xlnet", "deberta")}, round(minutes), docs
 
     (b16, m1, docs), (b32, m2, _), (long, m3, _) = load("batch_chunks"), load("batch_chunks/B32"), load("batch_chunks/B8_L2048")
     settings = docs["train_batches"]["attention_settings"]
