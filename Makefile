@@ -29,15 +29,22 @@ kernel: $(STAMP)
 lab: env kernel
 	HF_HUB_OFFLINE=0 HF_DATASETS_OFFLINE=0 $(BIN)/jupyter lab --notebook-dir=notebooks
 
+# worker processes of the tests (pytest-xdist): each test file, and each notebook with its cells in order, runs
+# whole in one worker. A unit test uses one torch thread (tests/conftest.py), so 2 fill 2 cores;
+# TEST_WORKERS=0 runs everything in this one process
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
 unit: env
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 nbval: env
-	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+	$(PYTEST) $(NBVAL)
 
 test: env
-	$(BIN)/python -m pytest -q tests
-	$(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+	$(PYTEST) tests
+	$(PYTEST) $(NBVAL)
 
 # the suite, then its batch axis (train_batches.json, memory_batches.json) into the same new runs/ folder
 BENCH_BATCHES ?= 1,2,8,16

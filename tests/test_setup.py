@@ -35,3 +35,15 @@ def test_test_only_reference_pinned_in_constraints_and_environment():
 
 def test_ci_calls_make_test():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_make_test_keeps_each_notebook_and_test_file_in_one_worker():
+    """`make test` spreads files over pytest-xdist workers; a notebook's cells depend on the cells above them, so
+    every file must run whole, in order, in one worker (``--dist loadfile``), for the unit tests and the notebooks."""
+    make = (ROOT / "Makefile").read_text()
+    pytest_line = next(line for line in make.splitlines() if line.startswith("PYTEST :="))
+    assert "-n $(TEST_WORKERS)" in pytest_line and "--dist loadfile" in pytest_line
+    test_target = make.split("\ntest: env\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert test_target == ["\t$(PYTEST) tests", "\t$(PYTEST) $(NBVAL)"]
+    assert "pytest-xdist" in {_name(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                              ["optional-dependencies"]["dev"]}
