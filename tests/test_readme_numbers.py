@@ -1056,3 +1056,54 @@ def test_readme_quotes_batch_rows_in_chunks():
     assert (f"XLNet at batch 16, L = 2048 (`B16_L2048/`, {m4} min, 4 chunks of 4 batch rows) took {x['time_ratio']:.2f}, "
             f"{verdict}, with peak memory {x['memory_ratio']:.2f}×") in para
     assert -(-16 // (layer.BATCH_CHUNK_ELEMENTS // per_row(2048))) == 4
+
+
+def test_readme_quotes_where_the_goals_stand():
+    """The README's "Where the goals stand": the latest reading of each scheme at each shape (the grids lesson 12
+    reads), and the two grids that complete it (sides_B16_L2048, fused_B1_L512), from the runs."""
+    from posenc_lib.attention import layer
+    from posenc_lib.course.notebook import BATCH_GRIDS, latest_batch_readings
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Where the goals stand**", 1)[1].split("**", 1)[0]
+    goals = {"t5": 1.3, "alibi": 1.3, "shaw": 1.6, "deberta": 1.8, "xlnet": 2.0}
+    assert f"reads the {len(BATCH_GRIDS)} grids of the AMD EPYC from `batches_epyc_2/` on" in para
+    for name in BATCH_GRIDS:
+        _grid(name)  # each one the AMD EPYC's, 2 threads
+    now = latest_batch_readings(RESULTS)
+    cells = [(pe, L, b) for pe in goals for L in (512, 1024, 2048) for b in (1, 2, 8, 16, 32)]
+    measured = [c for c in cells if c in now]
+    assert len(cells) == 75 and len(measured) == 70 and "75 scheme-shapes" in para and "70 are measured" in para
+    assert sorted(set(cells) - set(measured)) == sorted((pe, 2048, 32) for pe in goals)
+    slow = [c for c in measured if now[c][0] > goals[c[0]]]
+    heavy = [c for c in measured if now[c][1] > 1.3]
+    assert f"The time goal holds at {70 - len(slow)}:" in para and f"Peak memory is within 1.3× at {70 - len(heavy)}:" in para
+    t = lambda *c: f"{now[c][0]:.2f}"  # noqa: E731
+    assert slow == [("t5", 1024, 1), ("t5", 2048, 1), ("alibi", 2048, 1), ("xlnet", 2048, 2), ("xlnet", 2048, 8),
+                    ("xlnet", 2048, 16)]
+    assert (f"batch 1 for t5 at L = 1024 ({t('t5', 1024, 1)}) and 2048 ({t('t5', 2048, 1)}) and for alibi at L = 2048 "
+            f"({t('alibi', 2048, 1)})") in para
+    xl = [now["xlnet", 2048, b][0] for b in (2, 8, 16)]
+    assert f"xlnet at L = 2048 from batch 2 on ({min(xl):.2f}–{max(xl):.2f})" in para
+    assert heavy == [("t5", 2048, 1), ("deberta", 2048, 1)]
+    assert f"t5 ({now['t5', 2048, 1][1]:.2f}×) and deberta ({now['deberta', 2048, 1][1]:.2f}×) at batch 1" in para
+
+    b16, m1, _ = _grid("sides_B16_L2048")
+    assert sorted(pe for pe, _, _ in b16) == ["alibi", "deberta", "shaw", "t5"]
+    assert f"(`benchmarks/results/sides_B16_L2048/`, {round(m1)} min)" in para
+    assert ": " + ", ".join(f"{pe} {b16[pe, 2048, 16]['time_ratio']:.2f}" for pe in ("t5", "alibi", "shaw", "deberta")).replace(
+        "t5 1.30", "t5 1.30 (the goal itself)") in para
+    assert f"{b16['t5', 2048, 16]['time_ratio']:.2f}" == "1.30" and b16["t5", 2048, 16]["time_met"]
+    mems = [r["memory_ratio"] for r in b16.values()]
+    assert f"peak memory {min(mems):.2f}–{max(mems):.2f}×" in para
+    small, m2, docs = _grid("fused_B1_L512")
+    assert docs["train_batches"]["attention_settings"]["layer.FUSED_MIN_ELEMENTS"] == layer.FUSED_MIN_ELEMENTS == 2**21
+    assert docs["train_batches"]["config"]["repeats"] == 10 and f"(`fused_B1_L512/`, 10 repeats, {round(m2)} min)" in para
+    assert 1 * 8 * 512 * 512 == 2**21 and "moved from 2^22 to 2^21 score elements" in para
+    assert all(r["time_met"] and r["memory_met"] for r in small.values()) and len(small) == 5
+    times = [r["time_ratio"] for r in small.values()]
+    assert f"every scheme within both goals (time {min(times):.2f}–{max(times):.2f})" in para
+    before = latest_batch_readings(RESULTS, BATCH_GRIDS[:-1])
+    assert BATCH_GRIDS[-1] == "fused_B1_L512"
+    assert (f"(peak memory {before['shaw', 512, 1][1]:.2f}× and {before['xlnet', 512, 1][1]:.2f}×) and now read "
+            f"{small['shaw', 512, 1]['memory_ratio']:.2f}× and {small['xlnet', 512, 1]['memory_ratio']:.2f}×") in para

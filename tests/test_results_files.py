@@ -47,3 +47,34 @@ def test_long_context_load_names_a_damaged_result(tmp_path):
     (tmp_path / "rope_seed0.json").write_text("[1, 2")
     with pytest.raises(ValueError, match="rope_seed0.json is not valid JSON"):
         longctx.load_results(tmp_path)
+
+
+def _grid_files(folder, created, ratios):
+    """A train_batches.json / memory_batches.json pair: ``ratios`` maps (scheme, length, batch) to (time, memory)."""
+    folder.mkdir(parents=True)
+    train, memory = {}, {}
+    for (pe, length, batch), (t, m) in ratios.items():
+        for doc, key, value in ((train, "ratio", t), (memory, "ratio_peak", m)):
+            lengths = doc.setdefault(str(batch), {"lengths": {}})["lengths"]
+            if doc is train:
+                lengths.setdefault(str(length), {"none": {"ratio": 1.0}})[pe] = {key: value}
+            else:
+                lengths.setdefault(str(length), {"schemes": {"none": {"ratio_peak": 1.0}}})["schemes"][pe] = {key: value}
+    (folder / "train_batches.json").write_text(json.dumps({"created": created, "results": {"batches": train}}))
+    (folder / "memory_batches.json").write_text(json.dumps({"created": created, "results": {"batches": memory}}))
+
+
+def test_latest_batch_readings_takes_each_shape_from_the_latest_grid_that_measured_it(tmp_path):
+    """The latest grid (by when it was made, whatever the order of the list) replaces a scheme's reading at a shape
+    it measured and leaves every other scheme and shape to the earlier grids; a missing grid names its command."""
+    from posenc_lib.course.notebook import latest_batch_readings
+
+    _grid_files(tmp_path / "late", "2026-01-02T00:00:00+00:00", {("t5", 1024, 1): (1.2, 1.1)})
+    _grid_files(tmp_path / "early", "2026-01-01T00:00:00+00:00",
+                {("t5", 1024, 1): (1.5, 1.4), ("shaw", 1024, 1): (1.4, 1.0), ("t5", 512, 2): (1.1, 1.0)})
+    got = latest_batch_readings(tmp_path, ("late", "early"))
+    assert got == {("t5", 1024, 1): (1.2, 1.1, "late"), ("shaw", 1024, 1): (1.4, 1.0, "early"),
+                   ("t5", 512, 2): (1.1, 1.0, "early")}
+    with pytest.raises(FileNotFoundError, match="sides_B16_L2048.*does not exist yet: make it with `python -m "
+                                                "benchmarks.run --only train,memory --schemes t5,alibi,shaw,deberta"):
+        latest_batch_readings(tmp_path / "benchmarks" / "results", ("sides_B16_L2048",))

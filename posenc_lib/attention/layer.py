@@ -101,9 +101,14 @@ CPU_FLASH: bool = True
 #: L = 512, batch 2 (2 threads, an AMD EPYC, 12 interleaved repeats, median step over ``none``'s) the fused path
 #: took t5 1.13 against 1.22, shaw 1.34 against 1.39, xlnet 1.54 against 1.57, deberta 1.67 against 1.62 (equal
 #: within that machine's noise), and it keeps no scores for the backward pass, where the explicit path's peak
-#: memory was 1.31-1.46 times ``none``'s there.
+#: memory was 1.31-1.46 times ``none``'s there.  After the later changes (each scheme's blocks in one node, Shaw's
+#: and DeBERTa's keys beyond their clipping without a mask) the threshold moved down to 2**21: at L = 512, batch 1
+#: (2 threads, the AMD EPYC, 8 interleaved repeats, median step over ``none``'s) the fused path took xlnet 1.63
+#: against 1.63, deberta 1.54 against 1.52, shaw 1.41 against 1.35 (12 repeats: t5 1.21 against 1.24, alibi 1.14
+#: against 1.12), within their time goals either way, where the explicit path's peak memory was 1.35-1.36 times
+#: ``none``'s for xlnet and shaw, over the goal of 1.3 (``benchmarks/results/fused_B1_L512`` is that shape's grid after).
 #: ``None``: only blocked calls take the fused path.
-FUSED_MIN_ELEMENTS: int | None = 2**22
+FUSED_MIN_ELEMENTS: int | None = 2**21
 
 #: A call of SDPA's fused kernel on CPU (float32, no dropout) with a bias whose scores hold at least this many
 #: elements runs with denormal floats flushed to zero, in both passes (:func:`cpu_flash.flush_denormals`; the calls of

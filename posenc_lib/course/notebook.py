@@ -226,6 +226,11 @@ RESULT_COMMANDS = {
     "benchmarks/results/batch_chunks/B16_L2048": "python -m benchmarks.run --only train,memory --schemes xlnet "
                                                  "--lengths 2048 --batches 16 --repeats 3 --out "
                                                  "benchmarks/results/batch_chunks/B16_L2048",
+    "benchmarks/results/sides_B16_L2048": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,deberta "
+                                          "--lengths 2048 --batches 16 --repeats 3 --out "
+                                          "benchmarks/results/sides_B16_L2048",
+    "benchmarks/results/fused_B1_L512": "python -m benchmarks.run --only train,memory --schemes t5,alibi,shaw,xlnet,deberta "
+                                        "--lengths 512 --batches 1 --repeats 10 --out benchmarks/results/fused_B1_L512",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
@@ -299,3 +304,36 @@ def results_files(folder, pattern: str, command: str | None = None) -> list[Path
            else "they are made by the experiment that writes this folder (see the README)")
     raise FileNotFoundError(f"no {pattern} in {folder} yet: {how}, or restore the committed results "
                             f"(git checkout -- {folder})")
+
+
+#: the batch-axis grids of the AMD EPYC (``benchmarks/results/<folder>``, each a ``train_batches.json`` and a
+#: ``memory_batches.json``) from ``batches_epyc_2`` on: each measured the library after a change to some schemes
+BATCH_GRIDS = (
+    "batches_epyc_2", "batches_epyc_2/L2048", "batches_epyc_2/B32", "alibi_offsets", "alibi_offsets/L2048",
+    "deberta_blocks", "t5_offsets", "t5_offsets/L2048", "xlnet_blocks", "xlnet_blocks/L2048", "clipped_sides",
+    "clipped_sides/L2048", "t5_sides", "t5_sides/L2048", "sides_B32", "sides_B8_L2048", "batch_chunks",
+    "batch_chunks/B32", "batch_chunks/B8_L2048", "batch_chunks/B16_L2048", "sides_B16_L2048", "fused_B1_L512",
+)  # fmt: skip
+
+
+def latest_batch_readings(bench, grids=BATCH_GRIDS) -> dict:
+    """``(scheme, length, batch) -> (time ratio, peak-memory ratio, folder)`` for every scheme but ``none``: at each
+    shape, the reading of the latest of ``grids`` (folders of ``bench``, ordered by when their training part was made)
+    that measured the scheme there.  Each ratio is to ``none`` in the same run, so readings of different runs sit
+    side by side; a run measured the library of its day, which is why the latest one counts."""
+    import json
+
+    runs = []
+    for name in grids:
+        train = json.loads(results_file(Path(bench) / name / "train_batches.json").read_text())
+        memory = json.loads(results_file(Path(bench) / name / "memory_batches.json").read_text())["results"]["batches"]
+        runs.append((train["created"], name, train["results"]["batches"], memory))
+    readings = {}
+    for _, name, train, memory in sorted(runs):
+        for b, per_length in train.items():
+            for length, schemes in per_length["lengths"].items():
+                for pe, x in schemes.items():
+                    if pe != "none":
+                        peak = memory[b]["lengths"][length]["schemes"][pe]["ratio_peak"]
+                        readings[pe, int(length), int(b)] = (x["ratio"], peak, name)
+    return readings
