@@ -186,12 +186,63 @@ def render_table(res: dict) -> str:
 
 
 def render_figure(res: dict, path: Path) -> bool:
-    """Three panels (training ratio per length, memory ratio, cache speed-up); False if nothing to draw."""
-    if not res:
-        return False
+    """Write ``path``: three panels (training ratio per length, memory ratio, cache speed-up) for a run with
+    ``train``, ``memory`` or ``decode`` JSON; for a run of the batch-size axis only, its two panels
+    (:func:`batch_figure`).  False, and nothing written, if there is nothing to draw."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if any(part in res for part in ("train", "memory", "decode")):
+        fig = _parts_figure(res)
+    elif batch_goals(res):
+        fig = batch_figure(res)
+    else:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return True
+
+
+def batch_figure(res: dict):
+    """The ``--batches`` results as two panels of bars, one group per scheme with a goal and one bar per measured
+    (length, batch size): the training-step ratio to ``none`` under each scheme's time goal, and the peak-memory
+    ratio under the memory goal.  Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = batch_goals(res)
+    schemes = [pe for pe in TARGETS_1024 if any(r["scheme"] == pe for r in rows)]
+    shapes = sorted({(r["length"], r["batch"]) for r in rows})
+    colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.85, len(shapes)))
+    w = 0.8 / len(shapes)
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), constrained_layout=True)
+    panels = (("time_ratio", "Training step (fwd + bwd) vs none", "time ratio to none"),
+              ("memory_ratio", "Peak memory vs none", "memory ratio to none"))  # fmt: skip
+    for ax, (key, title, ylabel) in zip(axes, panels):
+        for i, shape in enumerate(shapes):
+            mine = {r["scheme"]: r[key] for r in rows if (r["length"], r["batch"]) == shape}
+            xs = [j + (i - (len(shapes) - 1) / 2) * w for j, pe in enumerate(schemes) if mine.get(pe) is not None]
+            hs = [mine[pe] for pe in schemes if mine.get(pe) is not None]
+            ax.bar(xs, hs, w, color=colors[i], label=f"L={shape[0]}, B={shape[1]}")
+        for j, pe in enumerate(schemes):  # each scheme's goal over its group
+            goal = TARGETS_1024[pe] if key == "time_ratio" else TARGET_SHAW_MEMORY
+            ax.hlines(goal, j - 0.45, j + 0.45, color="firebrick", lw=1.2, label="goal" if j == 0 else None)
+        ax.axhline(1.0, color="0.3", lw=0.8, ls="--")
+        ax.set(title=title, ylabel=ylabel, xticks=np.arange(len(schemes)))
+        ax.set_xticklabels(schemes)
+    axes[0].legend(fontsize=8, ncol=2 if len(shapes) > 6 else 1)
+    doc = res.get("train_batches") or res.get("memory_batches")
+    fig.suptitle(f"Across batch sizes ({doc.get('created', '?')[:10]}, {doc['machine']['torch_threads']} threads)")
+    return fig
+
+
+def _parts_figure(res: dict):
+    """The three panels of :func:`render_figure` for a run with ``train``, ``memory`` or ``decode`` JSON."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -242,15 +293,10 @@ def render_figure(res: dict, path: Path) -> bool:
         ax.set_title(f"Greedy decoding ({c['decode_new_tokens']} tokens): cache speed-up")
     ax.set_ylabel("uncached time / cached time")
     for ax, part in zip(axes, ("train", "memory", "decode")):
-        if part not in res:  # a run of some parts only (e.g. the batch-size axis, whose table holds the rest)
+        if part not in res:  # a run of some parts only
             ax.text(0.5, 0.5, f"no {part}.json in this run", ha="center", va="center", transform=ax.transAxes,
                     color="0.4")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return True
+    return fig
 
 
 def write_report(out_dir: Path) -> dict:

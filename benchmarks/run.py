@@ -247,7 +247,8 @@ def _run(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
         written[part] = doc
         log(f"{part}: {doc['wall_s']:.1f} s -> {a.out / part_file(part, cfg)}", a.quiet)
     write_report(a.out)
-    log(f"table: {a.out / 'table.md'}; figure: {a.out / 'cost.png'}", a.quiet)
+    figure = f"figure: {a.out / 'cost.png'}" if (a.out / "cost.png").exists() else "no figure (no scheme to draw)"
+    log(f"table: {a.out / 'table.md'}; {figure}", a.quiet)
     return written
 
 

@@ -1,5 +1,6 @@
 """The benchmark suite runs end to end in its tiny --quick configuration and writes what it promises."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -101,7 +102,6 @@ def test_worker_peak_memory_is_its_own_not_the_parents():
     """ru_maxrss survives fork+exec on Linux; the worker must report its own peak (VmHWM)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     ballast = b"\x01" * (1536 * 2**20)  # the parent touches 1.5 GiB before starting the worker
     code = "from benchmarks.memory import _peak_rss_mb; print(_peak_rss_mb())"
@@ -180,15 +180,42 @@ def test_batches_measure_train_and_memory_per_batch_size(tmp_path):
     assert all(r["time_met"] is None for r in rows)  # goals are held at L = 512, 1024, 2048 only
     table = (out / "table.md").read_text()
     assert "Across batch sizes" in table and "| B=1 | B=3 |" in table and "| shaw | 12 |" in table
+    assert (out / "cost.png").stat().st_size > 1000
     with pytest.raises(SystemExit):  # the batch files are replaced only with --overwrite
         main(common + ["--only", "train", "--batches", "1"])
+
+
+def test_a_run_of_the_batch_axis_draws_its_bars_against_each_schemes_goal():
+    """A folder with only train_batches.json / memory_batches.json gets a figure of those ratios (not empty panels
+    of the single-batch parts): one bar per scheme and (length, batch), heights the JSON's ratios, each scheme's goal."""
+    import matplotlib.pyplot as plt
+
+    from benchmarks.report import TARGET_SHAW_MEMORY, TARGETS_1024, batch_figure, batch_goals, load_results
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sides_B32_L2048"
+    res = load_results(folder)
+    assert set(res) == {"train_batches", "memory_batches"}
+    rows = batch_goals(res)
+    fig = batch_figure(res)
+    try:
+        time_ax, memory_ax = fig.axes
+        for ax, key, goals in ((time_ax, "time_ratio", TARGETS_1024), (memory_ax, "memory_ratio", None)):
+            heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+            assert heights == sorted(round(r[key], 6) for r in rows)
+            schemes = [t.get_text() for t in ax.get_xticklabels()]
+            assert schemes == [pe for pe in TARGETS_1024 if any(r["scheme"] == pe for r in rows)]
+            lines = [c for c in ax.collections if c.get_label() == "goal" or c.get_label().startswith("_")]
+            drawn = sorted(round(float(seg[0][1]), 6) for c in lines for seg in c.get_segments())
+            want = [goals[pe] if goals else TARGET_SHAW_MEMORY for pe in schemes]
+            assert drawn == sorted(want)
+    finally:
+        plt.close(fig)
 
 
 def test_the_table_shows_the_compiled_step_where_the_run_timed_it():
     """benchmarks/results/batches was measured with --decode-compile: its table has the compiled step's speed-up,
     compile time and token check per scheme, and the 7x goal; a run without it keeps the plain columns."""
     import copy
-    from pathlib import Path
 
     from benchmarks.report import TARGET_CACHE_SPEEDUP, load_results, render_table
 

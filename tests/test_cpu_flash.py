@@ -655,7 +655,7 @@ def test_offset_rows_gradient_sums_each_diagonal(batch_mask):
     torch.testing.assert_close(mine, theirs)
 
 
-@pytest.mark.parametrize("pe, rows", [("xlnet", 128), ("deberta", 256)])
+@pytest.mark.parametrize("pe, rows", [("xlnet", 128), ("deberta", 256), ("shaw", 256)])
 def test_the_benchmark_shape_at_batch_32_runs_blocks_of_full_rows(pe, rows, monkeypatch):
     """At batch 32, L = 1024 (the benchmark model: 8 heads of 32) BLOCK_ELEMENTS alone would allow blocks of 64 rows;
     the chunked schemes count a block against one chunk of batch rows and keep their full blocks."""
@@ -670,3 +670,48 @@ def test_the_benchmark_shape_at_batch_32_runs_blocks_of_full_rows(pe, rows, monk
     with torch.enable_grad():
         blocks = attn._query_blocks(q, 1024, path, scheme, None, None)
     assert {e - s for s, e in blocks} == {rows}
+
+
+@pytest.mark.parametrize("pe", ["t5", "shaw"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_t5_and_shaw_batch_rows_in_chunks_give_the_loss_and_gradients_of_the_explicit_path(pe, padded, monkeypatch):
+    """T5's calls (the encoder's one fused call over the whole bias, the decoder's blocks laid out per offset) and
+    Shaw's run their batch rows in chunks of BATCH_CHUNK_ELEMENTS: with chunks of one batch row each fused call
+    gets one row (its rows of the padding mask), and the loss and every gradient equal the explicit path's."""
+    from posenc_lib.schemes import t5 as t5_module
+
+    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    sizes = []
+    for name in ("flash_whole_offsets", "flash_blocks", "shaw_attention", "flash_attention"):
+        real = getattr(cpu_flash, name)
+        monkeypatch.setattr(cpu_flash, name, lambda *a, real=real, name=name, **kw: sizes.append((name, a[0].shape[0]))
+                            or real(*a, **kw))
+    for chunk, batch in ((None, 3), (1, 1)):
+        monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", chunk)
+        sizes.clear()
+        _explicit_then_fused(pe, padded, monkeypatch)
+        names = {name for name, _ in sizes}
+        assert names and all(b == batch for name, b in sizes if name != "flash_attention"), sizes
+        if pe == "t5":
+            assert "flash_blocks" in names and ("flash_whole_offsets" in names) == (not padded)
+        else:
+            assert names == {"shaw_attention"}
+
+
+def test_t5s_causal_blocks_at_batch_32_l_2048_hold_full_rows_in_chunks(monkeypatch):
+    """At batch 32, L = 2048 (the benchmark model: 8 heads of 32) BLOCK_ELEMENTS alone allows T5's causal blocks 32
+    rows; its batch rows run in chunks of 4 (BATCH_CHUNK_ELEMENTS), each with blocks of FUSED_BLOCK_ROWS (128)."""
+    from posenc_lib.attention.layer import choose_attention_path
+
+    scheme = make_scheme("t5", 256, 8, 2, causal=True)
+    ctx = scheme.prepare(torch.arange(2048), torch.arange(2048))
+    q = torch.empty(32, 8, 2048, 32)
+    path = choose_attention_path(scheme, q_len=2048, k_len=2048, causal=True, padded=False)
+    assert attention.BLOCK_ELEMENTS // (32 * 8 * 2048) == 32
+    with torch.enable_grad():
+        values, blocks, chunk = attention._offset_bias_blocks(scheme, ctx, q, 2048, path, 0.0)
+        assert chunk == 4 and {e - s for s, e in blocks} == {attention.FUSED_BLOCK_ROWS} == {128}
+        monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", None)
+        values, blocks, chunk = attention._offset_bias_blocks(scheme, ctx, q, 2048, path, 0.0)
+        assert chunk == 32 and {e - s for s, e in blocks} == {32}

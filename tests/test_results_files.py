@@ -78,3 +78,14 @@ def test_latest_batch_readings_takes_each_shape_from_the_latest_grid_that_measur
     with pytest.raises(FileNotFoundError, match="sides_B16_L2048.*does not exist yet: make it with `python -m "
                                                 "benchmarks.run --only train,memory --schemes t5,alibi,shaw,deberta"):
         latest_batch_readings(tmp_path / "benchmarks" / "results", ("sides_B16_L2048",))
+
+
+def test_batch_table_marks_each_ratio_over_its_goal_and_each_shape_not_measured():
+    from posenc_lib.course.notebook import batch_table
+
+    readings = {("t5", 1024, 1): (1.31, 1.2, "a"), ("t5", 1024, 2): (1.3, 1.31, "b"), ("shaw", 1024, 2): (1.59, 1.0)}
+    lines = batch_table(readings, {"t5": 1.3, "shaw": 1.6}, [1024], [1, 2]).splitlines()
+    assert lines[0].split() == ["scheme", "L", "B=1", "B=2", "goal"]
+    assert lines[1].split() == ["t5", "1024", "1.31*/1.20", "1.30", "/1.31*", "<=", "1.3"]
+    assert lines[2].split() == ["shaw", "1024", "-", "1.59", "/1.00", "<=", "1.6"]
+    assert len({len(line) for line in lines}) == 1  # columns line up

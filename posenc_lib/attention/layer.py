@@ -145,7 +145,12 @@ SIDED_BLOCK_ROWS: int | None = 256
 #: Above :data:`BLOCK_ELEMENTS` a block's rows are counted against one chunk's batch rows (at batch 32, L = 1024:
 #: blocks of 128 rows, not 64), and no chunk's block holds more than :data:`BLOCK_ELEMENTS` scores either.  The
 #: benchmark grid confirmed the gain at batch 32 and 16, L = 1024 (2.37 -> 1.93, 1.82 -> 1.52), not at batch 8,
-#: L = 2048 (2.15 -> 2.17).  ``None``: the whole batch at once.
+#: L = 2048 (2.15 -> 2.17).  T5's calls (the encoder's one fused call, whose backward pass writes out blocks of
+#: rows, and the decoder's blocks laid out per offset) and Shaw's run their batch rows in chunks by the same bound
+#: (:func:`_batch_chunk`; a mask shared over the batch is laid out once per chunk): at batch 32, L = 2048 their
+#: blocks held 32 query rows, and each block added its gradient into all of ``k`` and ``v``.  Whole step there,
+#: median of 3 interleaved repeats over ``none``'s, the whole batch against chunks: t5 1.52 -> 1.23, shaw 1.53 ->
+#: 1.36.  ``None``: the whole batch at once.
 BATCH_CHUNK_ELEMENTS: int | None = 2**23
 
 
@@ -472,7 +477,12 @@ class MultiHeadAttention(nn.Module):
         blocks = None if want_weights or offset is not None else self._query_blocks(q, k_len, path, pos, ctx, bias, p_drop)
         if offset is not None:  # a bias of one value per offset, laid out block by block in the fused kernel
             runs = pos.offset_runs(ctx) if getattr(pos, "offset_runs", None) is not None else None
-            out, probs, blocks = _offset_bias_attention(q, k, v, allowed, scale, *offset, runs=runs), None, []
+            values, blocks, chunk = offset
+
+            def by_offset(q, k, v, allowed):
+                return _offset_bias_attention(q, k, v, allowed, scale, values, blocks, runs=runs)
+
+            out, probs, blocks = _in_batch_chunks(by_offset, chunk, q, k, v, allowed), None, []
         elif _flex_wanted(pos, want_weights, p_drop, q_len):
             from .flex import flex_attend
 
@@ -481,7 +491,11 @@ class MultiHeadAttention(nn.Module):
             probs = None
             shared = not pos.adds_scores and (allowed is None or allowed.shape[0] == 1)
             if pos.adds_values:  # the scheme computes its value term from the kernel's lse itself
-                out, blocks = pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks), []
+                def shaw(q, k, v, allowed):
+                    return pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks)
+
+                chunk = _batch_chunk(q, _fused_rows(pos), k_len)
+                out, blocks = _in_batch_chunks(shaw, chunk, q, k, v, allowed), []
             elif _shares_parts(pos, bias):
                 out, blocks = _shared_parts_attention(pos, q, k, v, ctx, layer, self, scale, allowed, blocks), []
             elif bias is None and getattr(pos, "score_parts", None) is not None:  # rebuilt from parts, no checkpoint
@@ -499,7 +513,12 @@ class MultiHeadAttention(nn.Module):
                 # whole bias's gradient per layer (whole step, median of 6 interleaved repeats over none's):
                 # 1.51 -> 1.42 at batch 1, L = 2048; 1.43 -> 1.36 at batch 1 and 1.31 -> 1.28 at batch 2, L = 1024
                 mask = bias.detach() if allowed is None else bias.detach().masked_fill(~allowed, float("-inf"))
-                out = cpu_flash.flash_whole_offsets(q, k, v, mask, values, scale)
+
+                def whole(q, k, v, mask):
+                    return cpu_flash.flash_whole_offsets(q, k, v, mask, values, scale)
+
+                chunk = _batch_chunk(q, FUSED_BLOCK_ROWS, k_len)
+                out = _in_batch_chunks(whole, chunk, q, k, v, mask)
                 blocks = []
             elif shared:  # a bias shared over the batch: one fused call, its gradient summed block by block
                 out, blocks = attend_flash(q, allowed, bias, ctx, blocks), []
@@ -553,10 +572,9 @@ class MultiHeadAttention(nn.Module):
             if rows >= q_len:
                 return None
             if torch.is_grad_enabled() and _cpu_flash_wanted(pos, q, p_drop):  # training: causal blocks pay
-                if BATCH_CHUNK_ELEMENTS is not None and _shares_parts(pos, bias):
-                    # its batch rows run in chunks (_shared_parts_attention): a block holds one chunk's rows
-                    chunk = max(1, min(b, BATCH_CHUNK_ELEMENTS // (h * _fused_rows(pos) * k_len)))
-                    rows = max(1, BLOCK_ELEMENTS // (chunk * h * k_len))
+                if _shares_parts(pos, bias) or pos.adds_values:
+                    # its batch rows run in chunks (_shared_parts_attention, Shaw's): a block holds one chunk's rows
+                    rows = max(1, BLOCK_ELEMENTS // (_batch_chunk(q, _fused_rows(pos), k_len) * h * k_len))
                 rows = min(rows, _fused_rows(pos))
         return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
 
@@ -609,8 +627,9 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     values = offset_bias(ctx)
     if values is None:
         return None
-    rows = min(FUSED_BLOCK_ROWS, max(1, BLOCK_ELEMENTS // (b * h * k_len))) if above else FUSED_BLOCK_ROWS
-    return values, [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
+    chunk = _batch_chunk(q, FUSED_BLOCK_ROWS, k_len) if values.requires_grad else b
+    rows = min(FUSED_BLOCK_ROWS, max(1, BLOCK_ELEMENTS // (chunk * h * k_len))) if above else FUSED_BLOCK_ROWS
+    return values, [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)], chunk
 
 
 def _learned_offsets(pos, ctx, bias) -> torch.Tensor | None:
@@ -764,6 +783,29 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
             sides=sides if split else None,
         ))  # fmt: skip
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _batch_chunk(q: torch.Tensor, rows: int, k_len: int) -> int:
+    """Batch rows per chunk of a fused training call whose blocks of ``rows`` queries lay out (or, in the backward
+    pass, write out) scores for ``k_len`` keys: at most :data:`BATCH_CHUNK_ELEMENTS` scores a block, at least one
+    batch row (the whole batch where that is ``None``)."""
+    b, h = q.shape[:2]
+    if BATCH_CHUNK_ELEMENTS is None:
+        return b
+    return max(1, min(b, BATCH_CHUNK_ELEMENTS // (h * rows * k_len)))
+
+
+def _in_batch_chunks(fn, chunk: int, q, k, v, mask):
+    """``fn(q, k, v, mask)`` over chunks of ``chunk`` batch rows, joined (``mask``: ``None``, or batch 1 or ``b``)."""
+    b = q.shape[0]
+    if chunk >= b:
+        return fn(q, k, v, mask)
+    outs = []
+    for c0 in range(0, b, chunk):
+        c1 = min(c0 + chunk, b)
+        m = mask if mask is None or mask.shape[0] == 1 else mask[c0:c1]
+        outs.append(fn(q[c0:c1], k[c0:c1], v[c0:c1], m))
+    return torch.cat(outs)
 
 
 def _shares_parts(pos, bias) -> bool:

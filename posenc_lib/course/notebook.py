@@ -340,3 +340,23 @@ def latest_batch_readings(bench, grids=BATCH_GRIDS) -> dict:
                         peak = memory[b]["lengths"][length]["schemes"][pe]["ratio_peak"]
                         readings[pe, int(length), int(b)] = (x["ratio"], peak, name)
     return readings
+
+
+def batch_table(readings: dict, goals: dict, lengths, sizes, memory_goal: float = 1.3) -> str:
+    """Lines of a table of ``readings`` (``(scheme, length, batch) -> (time ratio, peak-memory ratio, ...)``), one
+    row per scheme of ``goals`` (``scheme -> time goal``) and length of ``lengths``, one column per batch size of
+    ``sizes``: ``time/memory``, ``*`` after a ratio over its goal (``memory_goal`` for memory), ``-`` where a shape
+    was not measured."""
+    lines = [f"{'scheme':<9}{'L':>6}" + "".join(f"{'B=' + str(b):>13}" for b in sizes) + f"{'goal':>8}"]
+    for pe, goal in goals.items():
+        for length in lengths:
+            row = ""
+            for b in sizes:
+                reading = readings.get((pe, length, b))
+                if reading is None:
+                    row += f"{'-':>13}"
+                    continue
+                t, m = reading[:2]
+                row += f"{t:>6.2f}{'*' if t > goal else ' '}/{m:.2f}{'*' if m > memory_goal else ' '}"
+            lines.append(f"{pe:<9}{length:>6}{row}{'<= ' + str(goal):>8}")
+    return "\n".join(lines)
