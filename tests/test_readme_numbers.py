@@ -1078,8 +1078,8 @@ def test_readme_quotes_where_the_goals_stand():
     heavy = [c for c in measured if now[c][1] > 1.3]
     assert f"The time goal holds at {75 - len(slow)}:" in para and f"Peak memory is within 1.3× at {75 - len(heavy)}:" in para
     t = lambda *c: f"{now[c][0]:.2f}"  # noqa: E731
-    assert slow == [("t5", 1024, 1), ("t5", 2048, 1), ("t5", 2048, 32), ("alibi", 2048, 1), ("xlnet", 2048, 2),
-                    ("xlnet", 2048, 8), ("xlnet", 2048, 16)]
+    assert slow == [("t5", 1024, 1), ("t5", 2048, 1), ("alibi", 2048, 1), ("xlnet", 2048, 2), ("xlnet", 2048, 8),
+                    ("xlnet", 2048, 16)]
     assert (f"batch 1 for t5 at L = 1024 ({t('t5', 1024, 1)}) and 2048 ({t('t5', 2048, 1)}) and for alibi at L = 2048 "
             f"({t('alibi', 2048, 1)})") in para
     xl = [now["xlnet", 2048, b][0] for b in (2, 8, 16)]
@@ -1094,7 +1094,43 @@ def test_readme_quotes_where_the_goals_stand():
     assert all(r["memory_met"] for r in b32.values()) and f"peak memory {min(m32):.2f}–{max(m32):.2f}×" in para
     from posenc_lib.attention import layer as _layer
     assert _layer.BLOCK_ELEMENTS // (32 * 8 * 2048) == 32 and _layer.BLOCK_ELEMENTS // (16 * 8 * 2048) == 64
-    assert "holds 32 query rows (64 at batch 16)" in para
+    assert "held 32 query rows (64 at batch 16)" in para
+    # T5's and Shaw's batch rows in chunks: chunks of 4 batch rows, blocks of 128 rows for T5 at batch 32, L = 2048
+    chunk = _layer.BATCH_CHUNK_ELEMENTS // (8 * _layer.FUSED_BLOCK_ROWS * 2048)
+    assert chunk == 4 and _layer.BLOCK_ELEMENTS // (chunk * 8 * 2048) >= _layer.FUSED_BLOCK_ROWS == 128
+    assert "chunks of 4 batch rows and blocks of 128 rows for T5 there" in para
+    assert "read t5 1.52 -> 1.23 and shaw 1.53 -> 1.36" in para and "t5 1.52 -> 1.23, shaw 1.53 -> 1.36" in (
+        ROOT / "posenc_lib" / "attention" / "layer.py").read_text(encoding="utf-8").replace("\n#:", "")
+    grids = {name: _grid(name) for name in ("t5_shaw_chunks", "t5_shaw_chunks/L2048", "t5_shaw_chunks/L512_1024")}
+    assert BATCH_GRIDS[-3:] == tuple(grids)
+    (c32, mc1, _), (c2048, mc2, _), (csmall, mc3, _) = grids.values()
+    assert (f"(`t5_shaw_chunks/`, T5 and Shaw at batch 32, L = 2048, {round(mc1)} min, with `L2048/`, batch 8 and 16 at "
+            f"L = 2048, {round(mc2)} min, and `L512_1024/`, batch 8, 16 and 32 at L = 512 and 1024, covering every shape "
+            f"where the chunks change their path, {round(mc3)} min)") in para
+    assert set(c32) == {(pe, 2048, 32) for pe in ("t5", "shaw")}
+    assert set(c2048) == {(pe, 2048, b) for pe in ("t5", "shaw") for b in (8, 16)}
+    assert set(csmall) == {(pe, L, b) for pe in ("t5", "shaw") for L in (512, 1024) for b in (8, 16, 32)}
+    assert (f"read t5 {c32['t5', 2048, 32]['time_ratio']:.2f} and shaw {c32['shaw', 2048, 32]['time_ratio']:.2f} at batch 32, "
+            f"L = 2048, peak memory {c32['t5', 2048, 32]['memory_ratio']:.2f}× and {c32['shaw', 2048, 32]['memory_ratio']:.2f}×") in para
+    # which shapes the chunks change: a chunk smaller than the batch (T5's blocks of 128 rows, Shaw's of 256)
+    def changed(pe, L, b):
+        rows = _layer.SIDED_BLOCK_ROWS if pe == "shaw" else _layer.FUSED_BLOCK_ROWS
+        return _layer.BATCH_CHUNK_ELEMENTS // (8 * rows * L) < b
+    covered = set(c32) | set(c2048) | set(csmall)
+    assert {(pe, L, b) for pe in ("t5", "shaw") for L in (512, 1024, 2048) for b in (1, 2, 8, 16, 32) if changed(pe, L, b)} <= covered
+    assert not changed("shaw", 512, 8) and changed("shaw", 512, 16)
+    others = {**c2048, **csmall}
+    for pe, name in (("t5", "T5"), ("shaw", "Shaw")):
+        ts = [r["time_ratio"] for (p, _, _), r in others.items() if p == pe]
+        assert all(r["time_met"] for (p, _, _), r in others.items() if p == pe)
+        assert f"{name} read {min(ts):.2f}–{max(ts):.2f}" in para.replace("and Shaw ", "and Shaw read ")
+    mem = [r["memory_ratio"] for r in {**c32, **others}.values()]
+    assert all(r["memory_met"] for r in {**c32, **others}.values()) and f"Peak memory {min(mem):.2f}–{max(mem):.2f}× in all" in para
+    earlier = latest_batch_readings(RESULTS, [g for g in BATCH_GRIDS if not g.startswith("t5_shaw_chunks")])
+    moved = {c: r["time_ratio"] - earlier[c][0] for c, r in others.items()}
+    assert f"between {-min(moved.values()):.2f} below and {max(moved.values()):.2f} above their earlier readings" in para
+    assert sorted(moved, key=moved.get)[:2] == [("shaw", 512, 16), ("shaw", 512, 8)] and not changed("shaw", 512, 8)
+    assert f"so two runs can differ by that much ({-moved['shaw', 512, 8]:.2f})" in para
     assert heavy == [("t5", 2048, 1), ("deberta", 2048, 1)]
     assert f"t5 ({now['t5', 2048, 1][1]:.2f}×) and deberta ({now['deberta', 2048, 1][1]:.2f}×) at batch 1" in para
 
