@@ -478,10 +478,7 @@ class MultiHeadAttention(nn.Module):
         if offset is not None:  # a bias of one value per offset, laid out block by block in the fused kernel
             runs = pos.offset_runs(ctx) if getattr(pos, "offset_runs", None) is not None else None
             values, blocks, chunk = offset
-
-            def by_offset(q, k, v, allowed):
-                return _offset_bias_attention(q, k, v, allowed, scale, values, blocks, runs=runs)
-
+            by_offset = lambda q, k, v, allowed: _offset_bias_attention(q, k, v, allowed, scale, values, blocks, runs=runs)  # noqa: E731
             out, probs, blocks = _in_batch_chunks(by_offset, chunk, q, k, v, allowed), None, []
         elif _flex_wanted(pos, want_weights, p_drop, q_len):
             from .flex import flex_attend
@@ -491,9 +488,7 @@ class MultiHeadAttention(nn.Module):
             probs = None
             shared = not pos.adds_scores and (allowed is None or allowed.shape[0] == 1)
             if pos.adds_values:  # the scheme computes its value term from the kernel's lse itself
-                def shaw(q, k, v, allowed):
-                    return pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks)
-
+                shaw = lambda q, k, v, allowed: pos.fused_cpu_attention(q, k, v, ctx, layer, scale, allowed, blocks)  # noqa: E731
                 chunk = _batch_chunk(q, _fused_rows(pos), k_len)
                 out, blocks = _in_batch_chunks(shaw, chunk, q, k, v, allowed), []
             elif _shares_parts(pos, bias):
@@ -513,10 +508,7 @@ class MultiHeadAttention(nn.Module):
                 # whole bias's gradient per layer (whole step, median of 6 interleaved repeats over none's):
                 # 1.51 -> 1.42 at batch 1, L = 2048; 1.43 -> 1.36 at batch 1 and 1.31 -> 1.28 at batch 2, L = 1024
                 mask = bias.detach() if allowed is None else bias.detach().masked_fill(~allowed, float("-inf"))
-
-                def whole(q, k, v, mask):
-                    return cpu_flash.flash_whole_offsets(q, k, v, mask, values, scale)
-
+                whole = lambda q, k, v, mask: cpu_flash.flash_whole_offsets(q, k, v, mask, values, scale)  # noqa: E731
                 chunk = _batch_chunk(q, FUSED_BLOCK_ROWS, k_len)
                 out = _in_batch_chunks(whole, chunk, q, k, v, mask)
                 blocks = []
