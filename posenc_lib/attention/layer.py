@@ -147,7 +147,7 @@ SIDED_BLOCK_ROWS: int | None = 256
 #: benchmark grid confirmed the gain at batch 32 and 16, L = 1024 (2.37 -> 1.93, 1.82 -> 1.52), not at batch 8,
 #: L = 2048 (2.15 -> 2.17).  T5's calls (the encoder's one fused call, whose backward pass writes out blocks of
 #: rows, and the decoder's blocks laid out per offset) and Shaw's run their batch rows in chunks by the same bound
-#: (:func:`_batch_chunk`; a mask shared over the batch is laid out once per chunk): at batch 32, L = 2048 their
+#: (:func:`_batch_chunk`; T5's decoder lays out its blocks' bias once per chunk): at batch 32, L = 2048 their
 #: blocks held 32 query rows, and each block added its gradient into all of ``k`` and ``v``.  Whole step there,
 #: median of 3 interleaved repeats over ``none``'s, the whole batch against chunks: t5 1.52 -> 1.23, shaw 1.53 ->
 #: 1.36.  ``None``: the whole batch at once.
