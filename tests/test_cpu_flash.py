@@ -255,9 +255,9 @@ def test_deberta_keys_beyond_the_clipping_run_without_a_mask_with_the_explicit_l
         pads = dict(src_key_padding_mask=src_pad)
     seen, real = [], cpu_flash.flash_blocks
 
-    def spy(*a, ranges=None, sides=None):
+    def spy(*a, ranges=None, sides=None, **kw):
         seen.append((a[4], ranges))
-        return real(*a, ranges=ranges, sides=sides)
+        return real(*a, ranges=ranges, sides=sides, **kw)
 
     monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
     monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
@@ -423,6 +423,59 @@ def test_xlnet_block_parts_are_the_rows_its_slices_of_r_project():
             torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("pad", [1, 16])
+def test_xlnets_block_mask_is_its_score_terms_with_their_gradients(pad, monkeypatch):
+    """xlnet.block_mask (the fused path's mask of one block, gradients written out, buffers reused through ``work``)
+    equals scores_from_parts times the scale, -inf where not allowed, and so do the gradients of q, k and the
+    parts; with and without padding of the distances, no mask, a causal and a padding mask, reusing one ``work``."""
+    from posenc_lib.schemes import xlnet
+
+    monkeypatch.setattr(xlnet, "DISTANCE_PAD", pad)
+    set_seed(0)
+    scheme = make_scheme("xlnet", 12, 2, 1)
+    work = {}
+    for b, h, rows, n, dh, kind in [(2, 3, 4, 6, 5, None), (1, 2, 3, 3, 4, "causal"), (3, 2, 4, 7, 3, "pad")]:
+        q, k = torch.randn(b, h, rows, dh, dtype=torch.double), torch.randn(b, h, n, dh, dtype=torch.double)
+        parts = (torch.randn(rows + n - 1, h * dh, dtype=torch.double), *torch.randn(2, h, dh, dtype=torch.double))
+        leaves = [t.requires_grad_() for t in (q, k, *parts)]
+        allowed = {None: None, "causal": torch.ones(rows, n, dtype=torch.bool).tril(n - rows)[None, None],
+                   "pad": torch.rand(b, 1, 1, n) > 0.3}[kind]  # fmt: skip
+        want = scheme.scores_from_parts(q, k, parts, {}, scale=0.7)
+        want = want if allowed is None else want.masked_fill(~allowed, float("-inf"))
+        got = xlnet.block_mask(q, k, parts, 0.7, allowed, work)
+        torch.testing.assert_close(got, want)
+        grad = torch.randn_like(want)
+        for g, w in zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, leaves, grad)):
+            torch.testing.assert_close(g, w)
+    assert set(work) == {"bd", "mask", "grad"} | ({"r"} if pad > 1 else set())
+
+
+def test_the_buffers_of_a_pass_are_emptied_when_it_ends(monkeypatch):
+    """The score-sized buffers XLNet's blocks share (flash_blocks' ``work``) hold nothing between the forward and
+    the backward pass, nor after it: the fused path keeps no more memory than one block's."""
+    seen, real = [], cpu_flash.flash_blocks
+
+    def spy(*a, work=None, **kw):
+        out = real(*a, work=work, **kw)
+        seen.append(work)
+        assert work == {}  # emptied when the forward pass ends
+        return out
+
+    monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", 1)
+    set_seed(0)
+    model = build_model("xlnet", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
+    src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
+    from posenc_lib.schemes import xlnet
+
+    filled, real_work = [], xlnet._work
+    monkeypatch.setattr(xlnet, "_work", lambda work, *a: filled.append(work) or real_work(work, *a))
+    model.loss(src, tgt[:, :-1], tgt[:, 1:]).backward()
+    assert len(seen) == 4 and all(w == {} for w in seen)  # 2 encoder + 2 decoder layers, emptied after backward too
+    assert filled and all(any(w is s for s in seen) for w in filled)  # every buffer was one of those dicts'
+
+
 @pytest.mark.parametrize("pe", ["t5", "shaw", "xlnet", "deberta"])
 def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     """Below FUSED_MIN_ELEMENTS (every training call of the lessons' small models, and the WMT14 finale's
@@ -509,9 +562,9 @@ def test_t5_keys_beyond_max_distance_run_without_a_mask_with_the_explicit_loss_a
         pads = dict(tgt_key_padding_mask=tgt_pad)
     seen, real = [], cpu_flash.flash_blocks
 
-    def spy(*a, ranges=None, sides=None):
+    def spy(*a, ranges=None, sides=None, **kw):
         seen.append(ranges)
-        return real(*a, ranges=ranges, sides=sides) if ranges is not None else real(*a)
+        return real(*a, ranges=ranges, sides=sides, **kw) if ranges is not None else real(*a, **kw)
 
     monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
     results = []

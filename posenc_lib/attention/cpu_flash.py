@@ -201,7 +201,8 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
     ``softmax(q k^T * scale + mask) v``, written out over blocks of query rows from the kernel's ``out``
     and row log-sum-exp ``lse``: each block's weights and ``dS`` are built once and serve all four gradients.
 
-    ``buffers``: as for :func:`mask_gradient`.  ``mask_rows``: instead of writing the whole gradient of the mask,
+    ``buffers``: as for :func:`mask_gradient`, and a third, if given, holds the mask's gradient (returned as a view of
+    it, valid until the buffer is used again).  ``mask_rows``: instead of writing the whole gradient of the mask,
     hand each block's rows of it to ``mask_rows(start, end, grad)`` (``grad`` reduced to the mask's batch and head
     sizes, valid only during the call) and return ``None`` for it."""
     b, h, q_len, _ = q.shape
@@ -213,11 +214,13 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
     rows = _backward_rows(b * h * k_len, q_len)
     reduce_dims = [i for i in (0, 1) if mask.shape[i] == 1 and (b, h)[i] > 1]
     if buffers is not None:
-        ds_buf, p_buf = (_view(f, b, h, rows, k_len) for f in buffers)
+        ds_buf, p_buf = (_view(f, b, h, rows, k_len) for f in buffers[:2])
     else:
         ds_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dmask = mask.new_empty(mask.shape) if want_mask and mask_rows is None else None
+    dmask = None
+    if want_mask and mask_rows is None:  # in a third buffer where one is given and the mask is not reduced
+        dmask = _view(buffers[2], *mask.shape) if len(buffers or ()) > 2 and not reduce_dims else mask.new_empty(mask.shape)
     for start in range(0, q_len, rows):
         end = min(start + rows, q_len)
         p, ds = p_buf[:, :, : end - start], ds_buf[:, :, : end - start]
@@ -607,7 +610,7 @@ def flash_whole_offsets(q, k, v, mask: torch.Tensor, values: torch.Tensor, scale
 class _FlashBuiltBlocks(torch.autograd.Function):
     @staticmethod
     @_flushed
-    def forward(ctx, q, k, v, scale, blocks, build, ranges, sides, *parts):
+    def forward(ctx, q, k, v, scale, blocks, build, ranges, sides, work, *parts):
         b, h, q_len, d = q.shape
         ranges = ranges or [(0, n) for _, _, n in blocks]
         split = any(r != (0, n) for r, (_, _, n) in zip(ranges, blocks))
@@ -635,8 +638,10 @@ class _FlashBuiltBlocks(torch.autograd.Function):
                 w = torch.exp(terms - l_all)[..., None]  # each key range's share of the row's mass
                 o_b = o.mul_(w[0]).add_(side_out[0, :, :, start:end] * w[1])
                 out[:, :, start:end] = o_b.add_(side_out[1, :, :, start:end] * w[2])
+        if work is not None:
+            work.clear()
         ctx.save_for_backward(q, k, v, out, lse, side_out, side_lse, *parts)
-        ctx.scale, ctx.blocks, ctx.build, ctx.ranges, ctx.sides = scale, blocks, build, ranges, sides
+        ctx.scale, ctx.blocks, ctx.build, ctx.ranges, ctx.sides, ctx.work = scale, blocks, build, ranges, sides, work
         return out
 
     @staticmethod
@@ -645,13 +650,13 @@ class _FlashBuiltBlocks(torch.autograd.Function):
         q, k, v, out, lse, side_out, side_lse, *parts = ctx.saved_tensors
         scale, blocks, ranges = ctx.scale, ctx.blocks, ctx.ranges
         dout = dout.contiguous()
-        leaves = [t.detach().requires_grad_(need) for t, need in zip(parts, ctx.needs_input_grad[8:])]
+        leaves = [t.detach().requires_grad_(need) for t, need in zip(parts, ctx.needs_input_grad[9:])]
         wanted = [t for t in leaves if t.requires_grad]
         sums = [None] * len(wanted)
         b, h = q.shape[:2]
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         size = b * h * max((end - start) * (s1 - s0) for (start, end, _), (s0, s1) in zip(blocks, ranges))
-        buffers = (q.new_empty(size), q.new_empty(size))
+        buffers = (q.new_empty(size), q.new_empty(size), *[q.new_empty(size)] * bool(wanted))  # P, dS, the mask's grad
         for i, ((start, end, n), (s0, s1)) in enumerate(zip(blocks, ranges)):
             split = (s0, s1) != (0, n)
             with torch.enable_grad():
@@ -697,8 +702,10 @@ class _FlashBuiltBlocks(torch.autograd.Function):
                 for j, g in enumerate(got):
                     if g is not None:
                         sums[j] = g if sums[j] is None else sums[j].add_(g)
+        if ctx.work is not None:
+            ctx.work.clear()
         grads = iter(sums)
-        return (dq, dk, dv, None, None, None, None, None, *[next(grads) if t.requires_grad else None for t in leaves])
+        return (dq, dk, dv, *[None] * 6, *[next(grads) if t.requires_grad else None for t in leaves])
 
 
 def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
@@ -708,7 +715,7 @@ def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
 
 
 def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, blocks, build, *parts: torch.Tensor,
-                 ranges=None, sides=None):  # fmt: skip
+                 ranges=None, sides=None, work: dict | None = None):  # fmt: skip
     """``softmax(q k^T * scale + mask) v`` over query blocks ``(start, end, n)`` (covering ``0..q_len``, each
     against keys ``0..n``), block ``i``'s mask ``build(i, *parts)`` laid out from small tensors ``parts``
     (float32 ``(1 or batch, heads or 1, end - start, n)``, ``-inf`` at every key the block may not see).
@@ -725,6 +732,9 @@ def flash_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ``row_i + scale * u . k_j`` for query ``i`` and key ``j``: ``sides(i, *parts)`` gives those terms as ``(slot,
     a, z, row, u)`` (slot 0 for keys ``0:s0``, 1 for ``s1:n``; ``row (batch or 1, heads, end - start)``, ``u``
     broadcastable to ``q`` or ``None``), built from ``parts`` so that their gradients reach them.  Those keys run in the
-    kernel without a mask (on ``q + u``), forward and backward, joined to the rest through the log-sum-exps."""
-    return _FlashBuiltBlocks.apply(q, k, v, scale, tuple(blocks), build, ranges, sides, *parts)
+    kernel without a mask (on ``q + u``), forward and backward, joined to the rest through the log-sum-exps.
+
+    ``work``: a dict in which ``build`` may keep buffers for the blocks of one pass; it is emptied after the forward
+    pass and after the backward pass, so that nothing it holds outlives the pass that made it."""
+    return _FlashBuiltBlocks.apply(q, k, v, scale, tuple(blocks), build, ranges, sides, work, *parts)
 

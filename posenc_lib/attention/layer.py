@@ -752,7 +752,7 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
     if BATCH_CHUNK_ELEMENTS is not None:
         limit = BATCH_CHUNK_ELEMENTS if BLOCK_ELEMENTS is None else min(BATCH_CHUNK_ELEMENTS, BLOCK_ELEMENTS)
         chunk = max(1, min(b, limit // per_row))
-    outs = []
+    outs, work = [], {}  # work: score-sized buffers a scheme's mask_from_parts reuses across one pass's blocks
     for c0 in range(0, b, chunk):  # batch rows in chunks (BATCH_CHUNK_ELEMENTS)
         c1 = min(c0 + chunk, b)
         cut = [None if m is None or m.shape[0] == 1 else m[c0:c1] for m in masks]
@@ -761,7 +761,7 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
             (start, end, n), (s0, s1) = spans[i], ranges[i]
             parts = pos.block_parts(parts, ctx, start, end, n)
             allowed_b = masks[i] if cut[i] is None else cut[i]
-            return _mask_from_parts(pos, contexts[i], scale, allowed_b, q[:, :, start:end], k[:, :, s0:s1], *parts)
+            return _mask_from_parts(pos, contexts[i], scale, allowed_b, q[:, :, start:end], k[:, :, s0:s1], *parts, work=work)
 
         def sides(i, q, k, *parts):
             (start, end, n), (s0, s1) = spans[i], ranges[i]
@@ -772,7 +772,7 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
         q_c, k_c, v_c = (t if chunk == b else t[c0:c1] for t in (q, k, v))
         outs.append(cpu_flash.flash_blocks(
             q_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
-            sides=sides if split else None,
+            sides=sides if split else None, work=work,
         ))  # fmt: skip
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -828,8 +828,11 @@ def _side_split(pos, ctx_b, rows, n: int):
     return s0, s1, edges
 
 
-def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts) -> torch.Tensor:
-    """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not allowed."""
+def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts, work=None) -> torch.Tensor:
+    """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not
+    allowed (by the scheme's own ``mask_from_parts`` where it has one, its score-sized tensors in ``work``)."""
+    if getattr(pos, "mask_from_parts", None) is not None:
+        return pos.mask_from_parts(q, k, parts, ctx, scale, allowed, work)
     mask = pos.scores_from_parts(q, k, parts, ctx, scale=scale).float()  # a fresh tensor: filled in place
     return mask if allowed is None else mask.masked_fill_(~allowed, float("-inf"))
 

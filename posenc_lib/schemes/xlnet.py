@@ -26,6 +26,8 @@ Taught in notebooks/08_transformer_xl_xlnet.ipynb.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -84,6 +86,92 @@ def _one_query_terms(q, k, r, u, v):
     position = torch.bmm(qv, r.view(-1, h, dh).permute(1, 2, 0))  # (H, B, Lk): distance 0 first
     content = (k @ u[:, :, None]).squeeze(-1)  # (B, H, Lk): u . k_j
     return content.add_(position.transpose(0, 1).flip(-1))[:, :, None, :]
+
+
+def _work(work: dict | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``shape`` in ``work[name]``, a flat buffer kept for the blocks of one call (grown when too small;
+    a fresh tensor without ``work``): the blocks' score-sized tensors reuse memory instead of new pages each."""
+    size = math.prod(shape)
+    if work is None:
+        return like.new_empty(shape)
+    buf = work.get(name)
+    if buf is None or buf.numel() < size:
+        buf = work[name] = like.new_empty(size)
+    return buf[:size].view(shape)
+
+
+#: :class:`_BlockMask` pads a block's distances to a multiple of this many (zero rows, their scores ignored): the
+#: distance product then has a round number of columns, ``R + n - 1`` is odd for blocks of ``R`` rows against ``n``
+#: keys.  One product at batch 2, 8 heads, 128 rows, 2048 keys, 2 threads: 2175 columns 5.8 ms, 2176 columns 3.6 ms.
+DISTANCE_PAD: int = 16
+
+
+def _padded_distances(r: torch.Tensor, work: dict | None) -> torch.Tensor:
+    """``r (P, H * dh)`` with zero rows after it up to a multiple of :data:`DISTANCE_PAD` rows (in ``work``)."""
+    p = r.shape[0]
+    padded = -(-p // DISTANCE_PAD) * DISTANCE_PAD
+    if padded == p:
+        return r
+    out = _work(work, "r", (padded, r.shape[1]), r)
+    out[:p].copy_(r)
+    out[p:].zero_()
+    return out
+
+
+def _shifted(t: torch.Tensor, b: int, h: int, rows: int, n: int) -> torch.Tensor:
+    """The ``(B, H, rows, n)`` relative-shift view (:func:`rel_shift`) of a product laid out ``(H, B * rows, P)``."""
+    p = t.shape[-1]
+    return t.as_strided((b, h, rows, n), (rows * p, b * rows * p, p - 1, 1), t.storage_offset() + rows - 1)
+
+
+class _BlockMask(torch.autograd.Function):
+    """One query block's fused-kernel mask, ``scale * [u . k_j + rel_shift((q_i + v) . r)]``, ``-inf`` where
+    ``allowed`` is false, with its gradients written out (the same function as :meth:`XLNetRelative.scores_from_parts`
+    then ``masked_fill``).  The distance product runs per head over all batch rows, ``(H, B * R, dh) @ (H, dh, P)``,
+    straight from the projected distances' ``(P, H * dh)`` layout (padded, :data:`DISTANCE_PAD`); the product, the
+    mask and the shifted gradient live in ``work``, reused by every block of a pass (a mask made with ``work``, and its
+    gradient, are valid until the next call with the same ``work``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, r, u, v, scale: float, allowed, work):
+        b, h, rows, dh = q.shape
+        n = k.shape[2]
+        qv = (q + v[None, :, None, :]).mul_(scale).transpose(0, 1).reshape(h, b * rows, dh)  # (H, B * R, dh)
+        r_pad = _padded_distances(r, work)
+        r_h = r_pad.view(-1, h, dh).permute(1, 0, 2)  # (H, P, dh): a view
+        bd = torch.bmm(qv, r_h.transpose(1, 2), out=_work(work, "bd", (h, b * rows, r_pad.shape[0]), q))
+        content = torch.einsum("hd,bhjd->bhj", u * scale, k)[:, :, None, :]
+        mask = torch.add(_shifted(bd, b, h, rows, n), content, out=_work(work, "mask", (b, h, rows, n), q))
+        if allowed is not None:
+            mask.masked_fill_(~allowed, float("-inf"))
+        ctx.save_for_backward(k, r, u, qv, allowed)
+        ctx.scale, ctx.work, ctx.shape = scale, work, (b, h, rows, n, dh)
+        return mask
+
+    @staticmethod
+    def backward(ctx, grad):
+        k, r, u, qv, allowed = ctx.saved_tensors
+        scale, (b, h, rows, n, dh), p = ctx.scale, ctx.shape, r.shape[0]
+        r_pad = _padded_distances(r, ctx.work)
+        g = _work(ctx.work, "grad", (h, b * rows, r_pad.shape[0]), grad).zero_()  # the product's gradient
+        g_shift = _shifted(g, b, h, rows, n)
+        g_shift.copy_(grad)
+        if allowed is not None:
+            g_shift.masked_fill_(~allowed, 0.0)
+            grad = g_shift  # the same entries, zero where masked
+        d_content = grad.sum(-2).mul_(scale)  # (B, H, n)
+        d_u = torch.einsum("bhj,bhjd->hd", d_content, k)
+        d_k = d_content[..., None] * u[None, :, None, :]
+        d_qv = torch.bmm(g, r_pad.view(-1, h, dh).permute(1, 0, 2)).mul_(scale).view(h, b, rows, dh).transpose(0, 1)
+        d_r = torch.bmm(g.transpose(1, 2), qv)[:, :p].transpose(0, 1).reshape(p, h * dh)  # qv is already scaled
+        return d_qv, d_k, d_r, d_u, d_qv.sum((0, 2)), None, None, None
+
+
+def block_mask(q, k, parts, scale: float, allowed=None, work: dict | None = None) -> torch.Tensor:
+    """The fused CPU kernel's float mask for one query block from :meth:`XLNetRelative.score_parts`' ``parts`` cut by
+    :meth:`XLNetRelative.block_parts`: ``scale`` times terms (c) and (b)+(d), ``-inf`` where ``allowed`` is false."""
+    r, u, v = parts
+    return _BlockMask.apply(q, k, r, u, v, scale, allowed, work)
 
 
 class XLNetRelative(PositionScheme):
@@ -158,6 +246,11 @@ class XLNetRelative(PositionScheme):
         r, u, v = parts
         first = ctx["q_pos"].numel() - end
         return r[first : first + (end - start) + n - 1], u, v
+
+    def mask_from_parts(self, q, k, parts, ctx, scale: float, allowed=None, work: dict | None = None):
+        """The fused CPU path's float mask of one query block (:func:`block_mask`): :meth:`scores_from_parts` times
+        ``scale``, ``-inf`` where ``allowed`` is false, its score-sized tensors in ``work``."""
+        return block_mask(q, k, parts, scale, allowed, work)
 
     def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
         """The score terms (c), (b)+(d) from ``parts``, times ``scale`` (applied to the small factors)."""
