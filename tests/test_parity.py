@@ -124,9 +124,9 @@ def test_deberta_matches_transformers_with_gradients(path, monkeypatch):
     used = []
     real = attention.cpu_flash.flash_blocks  # a layer's blocks in one node, the tables projected once
 
-    def spy(*a, ranges=None, sides=None):
+    def spy(*a, ranges=None, sides=None, **kw):
         used.append(ranges)
-        return real(*a, ranges=ranges, sides=sides)
+        return real(*a, ranges=ranges, sides=sides, **kw)
 
     monkeypatch.setattr(attention.cpu_flash, "flash_blocks", spy)
     x = torch.randn(2, 30, 32, requires_grad=True)

@@ -196,7 +196,16 @@ def _backward_rows(row_elements: int, q_len: int) -> int:
     return max(1, rows if BACKWARD_BLOCK_ROWS is None else min(rows, BACKWARD_BLOCK_ROWS))
 
 
-def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: bool = True, buffers=None, mask_rows=None):
+def augmented_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` and ``v`` with a column of ones appended, transposed ``(b, h, d + 1, k_len)``: the right-hand sides of
+    :func:`attention_backward`'s two products that rebuild ``P`` and ``dP - D`` (a caller that runs many blocks
+    against the same keys makes them once and passes column slices)."""
+    ones = k.new_ones(k.shape[:-1])
+    return _aug(k, ones).transpose(-1, -2).contiguous(), _aug(v, ones).transpose(-1, -2).contiguous()
+
+
+def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: bool = True, buffers=None,
+                       mask_rows=None, keys=None, into=None):  # fmt: skip
     """``dq, dk, dv`` and ``dL/dmask`` (reduced to ``mask``'s shape; ``None`` unless ``want_mask``) of
     ``softmax(q k^T * scale + mask) v``, written out over blocks of query rows from the kernel's ``out``
     and row log-sum-exp ``lse``: each block's weights and ``dS`` are built once and serve all four gradients.
@@ -204,20 +213,25 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
     ``buffers``: as for :func:`mask_gradient`, and a third, if given, holds the mask's gradient (returned as a view of
     it, valid until the buffer is used again).  ``mask_rows``: instead of writing the whole gradient of the mask,
     hand each block's rows of it to ``mask_rows(start, end, grad)`` (``grad`` reduced to the mask's batch and head
-    sizes, valid only during the call) and return ``None`` for it."""
-    b, h, q_len, _ = q.shape
-    k_len = k.shape[2]
-    ones = k.new_ones(k.shape[:-1])
+    sizes, valid only during the call) and return ``None`` for it.  ``keys``: :func:`augmented_keys` of ``k`` and
+    ``v``, made by the caller.  ``into``: ``(dk_t, dv_t)``, ``(b * h, d, k_len)`` tensors to which the gradients of
+    ``k`` and ``v`` are added, transposed (returned as ``None``); without it they are returned as transposed views.
+    The keys' and values' gradients are accumulated transposed, ``dv^T += dO^T P``: one product with the long side
+    as its columns, added in place (a block of 128 rows against 2048 keys, batch 2, 8 heads, 2 threads: 6.9 ms
+    against 9.3 ms for ``dv += P^T dO``)."""
+    b, h, q_len, d = q.shape
+    k_len, dv_len = k.shape[2], v.shape[-1]
     qs = q * scale
-    qa, ka_t = _aug(qs, -lse), _aug(k, ones).transpose(-1, -2).contiguous()
-    da, va_t = _aug(dout, -(dout * out).sum(-1)), _aug(v, ones).transpose(-1, -2).contiguous()
+    ka_t, va_t = augmented_keys(k, v) if keys is None else keys
+    qa, da = _aug(qs, -lse), _aug(dout, -(dout * out).sum(-1))
     rows = _backward_rows(b * h * k_len, q_len)
     reduce_dims = [i for i in (0, 1) if mask.shape[i] == 1 and (b, h)[i] > 1]
     if buffers is not None:
         ds_buf, p_buf = (_view(f, b, h, rows, k_len) for f in buffers[:2])
     else:
         ds_buf, p_buf = q.new_empty(b, h, rows, k_len), q.new_empty(b, h, rows, k_len)
-    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq = torch.empty_like(q)
+    dk_t, dv_t = (k.new_zeros(b * h, d, k_len), v.new_zeros(b * h, dv_len, k_len)) if into is None else into
     dmask = None
     if want_mask and mask_rows is None:  # in a third buffer where one is given and the mask is not reduced
         dmask = _view(buffers[2], *mask.shape) if len(buffers or ()) > 2 and not reduce_dims else mask.new_empty(mask.shape)
@@ -228,15 +242,18 @@ def attention_backward(q, k, v, mask, dout, out, lse, scale: float, want_mask: b
             ds = dmask[:, :, start:end]  # dS is the mask's gradient: built in place
         torch.matmul(qa[:, :, start:end], ka_t, out=p)  # q k^T * scale - lse
         p.add_(mask[:, :, start:end]).exp_()  # the attention weights P
-        dv.add_(p.transpose(-1, -2) @ dout[:, :, start:end])
+        dv_t.baddbmm_(dout[:, :, start:end].transpose(-1, -2).flatten(0, 1), p.flatten(0, 1))
         torch.matmul(da[:, :, start:end], va_t, out=ds)  # dP - D
         ds.mul_(p)  # dS
         dq[:, :, start:end] = ds @ k
-        dk.add_(ds.transpose(-1, -2) @ qs[:, :, start:end])
+        dk_t.baddbmm_(qs[:, :, start:end].transpose(-1, -2).flatten(0, 1), ds.flatten(0, 1))
         if want_mask and mask_rows is not None:
             mask_rows(start, end, ds.sum(dim=reduce_dims, keepdim=True) if reduce_dims else ds)
         elif want_mask and reduce_dims:
             dmask[:, :, start:end] = ds.sum(dim=reduce_dims, keepdim=True)
+    if into is not None:
+        return dq.mul_(scale), None, None, dmask
+    dk, dv = (t.view(b, h, -1, k_len).transpose(-1, -2) for t in (dk_t, dv_t))
     return dq.mul_(scale), dk, dv, dmask
 
 
@@ -653,27 +670,36 @@ class _FlashBuiltBlocks(torch.autograd.Function):
         leaves = [t.detach().requires_grad_(need) for t, need in zip(parts, ctx.needs_input_grad[9:])]
         wanted = [t for t in leaves if t.requires_grad]
         sums = [None] * len(wanted)
-        b, h = q.shape[:2]
-        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        b, h, _, d = q.shape
+        k_len = k.shape[2]
+        dq = torch.empty_like(q)
+        # the keys' and values' gradients are summed transposed (see attention_backward); dk, dv: views of them
+        dk_t, dv_t = k.new_zeros(b * h, d, k_len), v.new_zeros(b * h, v.shape[-1], k_len)
+        dk, dv = (t.view(b, h, -1, k_len).transpose(-1, -2) for t in (dk_t, dv_t))
         size = b * h * max((end - start) * (s1 - s0) for (start, end, _), (s0, s1) in zip(blocks, ranges))
         buffers = (q.new_empty(size), q.new_empty(size), *[q.new_empty(size)] * bool(wanted))  # P, dS, the mask's grad
+        if wanted:  # made once for every block: the whole keys, contiguous, and augmented_keys of them
+            k, v = k.contiguous(), v.contiguous()
+            keys = augmented_keys(k, v)
         for i, ((start, end, n), (s0, s1)) in enumerate(zip(blocks, ranges)):
             split = (s0, s1) != (0, n)
             with torch.enable_grad():
                 mask = ctx.build(i, *leaves)
                 terms = ctx.sides(i, *leaves) if split else []
-            args = (q[:, :, start:end].contiguous(), k[:, :, s0:s1].contiguous(), v[:, :, s0:s1].contiguous())
             o_b, l_b, do_b = out[:, :, start:end].contiguous(), lse[:, :, start:end].contiguous(), dout[:, :, start:end]
             if wanted:  # P and dS written out once serve the mask's gradient and the other three
-                dq_b, dk_b, dv_b, dm = attention_backward(
-                    *args, mask.detach(), do_b, o_b, l_b, scale, want_mask=bool(wanted), buffers=buffers
+                args = (q[:, :, start:end].contiguous(), k[:, :, s0:s1], v[:, :, s0:s1])
+                dq_b, _, _, dm = attention_backward(
+                    *args, mask.detach(), do_b, o_b, l_b, scale, buffers=buffers,
+                    keys=[t[..., s0:s1] for t in keys], into=(dk_t[:, :, s0:s1], dv_t[:, :, s0:s1]),
                 )  # fmt: skip
             else:  # a constant mask (ALiBi): the kernel's own backward pass
+                args = (q[:, :, start:end].contiguous(), k[:, :, s0:s1].contiguous(), v[:, :, s0:s1].contiguous())
                 dq_b, dk_b, dv_b = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     do_b, *args, o_b, l_b, 0.0, False, attn_mask=mask, scale=scale
                 )
-            dk[:, :, s0:s1].add_(dk_b)
-            dv[:, :, s0:s1].add_(dv_b)
+                dk[:, :, s0:s1].add_(dk_b)
+                dv[:, :, s0:s1].add_(dv_b)
             made, grads = [mask], [dm] if wanted else []
             if terms:
                 d_row = (do_b * o_b).sum(-1)  # D = rowsum(dO * O)
