@@ -424,10 +424,11 @@ def test_xlnet_block_parts_are_the_rows_its_slices_of_r_project():
 
 
 @pytest.mark.parametrize("pad", [1, 16])
-def test_xlnets_block_mask_is_its_score_terms_with_their_gradients(pad, monkeypatch):
-    """xlnet.block_mask (the fused path's mask of one block, gradients written out, buffers reused through ``work``)
-    equals scores_from_parts times the scale, -inf where not allowed, and so do the gradients of q, k and the
-    parts; with and without padding of the distances, no mask, a causal and a padding mask, reusing one ``work``."""
+def test_xlnets_block_mask_and_kernel_queries_give_its_score_terms_with_their_gradients(pad, monkeypatch):
+    """XLNet's fused path: the kernel's queries q + u times k plus block_mask (terms (b)+(d) of one block, gradients
+    written out, buffers reused through ``work``) equal scores_from_parts times the scale, -inf where not allowed,
+    and so do the gradients of q, k and the parts; with and without padding of the distances, no mask, a causal and
+    a padding mask, reusing one ``work``."""
     from posenc_lib.schemes import xlnet
 
     monkeypatch.setattr(xlnet, "DISTANCE_PAD", pad)
@@ -442,9 +443,10 @@ def test_xlnets_block_mask_is_its_score_terms_with_their_gradients(pad, monkeypa
                    "pad": torch.rand(b, 1, 1, n) > 0.3}[kind]  # fmt: skip
         want = scheme.scores_from_parts(q, k, parts, {}, scale=0.7)
         want = want if allowed is None else want.masked_fill(~allowed, float("-inf"))
-        got = xlnet.block_mask(q, k, parts, 0.7, allowed, work)
+        got = scheme.mask_from_parts(q, k, parts, {}, 0.7, allowed, work)
+        got = got + 0.7 * scheme.kernel_queries(q, parts) @ k.transpose(-1, -2) - 0.7 * q @ k.transpose(-1, -2)
         torch.testing.assert_close(got, want)
-        grad = torch.randn_like(want)
+        grad = torch.randn_like(want).masked_fill(torch.isinf(want), 0.0)
         for g, w in zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, leaves, grad)):
             torch.testing.assert_close(g, w)
     assert set(work) == {"bd", "mask", "grad"} | ({"r"} if pad > 1 else set())

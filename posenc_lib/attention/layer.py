@@ -94,9 +94,6 @@ CPU_FLASH: bool = True
 #: at 2**23 (L = 1024, batch 1) t5 0.90, shaw 0.79, xlnet 0.80, deberta 0.90; at 2**21 and below the
 #: explicit path was faster for every scheme.  Smaller calls and calls without gradients keep the explicit
 #: path, so the course's small models (at most ~2**19 elements a call) train and evaluate exactly as before.
-#: With denormals flushed (:data:`FLUSH_MIN_ELEMENTS`) and T5's gradient summed per diagonal the crossover was
-#: measured again at 2**21 (L = 512, batch 1, 2 threads, interleaved): t5 1.35 of ``none`` fused against 1.36
-#: explicit (no gain), xlnet 1.85 against 1.43 and deberta 2.16 against 1.50 (the explicit path wins).
 #: With the written-out backward pass (:data:`cpu_flash.WRITTEN_BACKWARD`) the threshold moved down to 2**22: at
 #: L = 512, batch 2 (2 threads, an AMD EPYC, 12 interleaved repeats, median step over ``none``'s) the fused path
 #: took t5 1.13 against 1.22, shaw 1.34 against 1.39, xlnet 1.54 against 1.57, deberta 1.67 against 1.62 (equal
@@ -190,6 +187,10 @@ class PositionScheme(nn.Module):
     #: keys ``0:n``) of the parts ``score_parts`` made for the whole call (the same parts, or rows of them); the fused
     #: CPU path then makes the parts once per layer and runs all of a layer's blocks in one node
     block_parts = None
+    #: ``kernel_queries(q, parts)`` and ``mask_from_parts(q, k, parts, ctx, scale, allowed, work)``, where a scheme
+    #: defines them (XLNet): the fused kernel's queries (a term ``u . k_j`` folded in) and a block's mask of the other
+    #: terms, its score-sized tensors in the buffers ``work`` kept for a pass (:func:`cpu_flash.flash_blocks`; with ``block_parts``)
+    kernel_queries = mask_from_parts = None
     #: ``side_terms(q, parts, edge, scale) -> (row, u)``, where a scheme defines it (with ``block_sides`` and
     #: ``key_range``): for keys that all sit at one clipped relative index ``edge`` from a block's queries ``q``,
     #: their score terms times ``scale`` as ``row_i + scale * u . k_j`` (see :func:`cpu_flash.flash_blocks`)
@@ -744,6 +745,7 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
         masks.append(rows)
 
     parts = pos.score_parts(q, ctx, layer, attn)
+    q_kernel = q if getattr(pos, "kernel_queries", None) is None else pos.kernel_queries(q, parts)  # XLNet's q + u
     split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
     b, h = q.shape[:2]
     rows = max(end - start for start, end, _ in spans)
@@ -769,9 +771,9 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
             outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
             return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
 
-        q_c, k_c, v_c = (t if chunk == b else t[c0:c1] for t in (q, k, v))
+        q_c, k_c, v_c, qk_c = (t if chunk == b else t[c0:c1] for t in (q, k, v, q_kernel))
         outs.append(cpu_flash.flash_blocks(
-            q_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
+            qk_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
             sides=sides if split else None, work=work,
         ))  # fmt: skip
     return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -125,32 +125,30 @@ def _shifted(t: torch.Tensor, b: int, h: int, rows: int, n: int) -> torch.Tensor
 
 
 class _BlockMask(torch.autograd.Function):
-    """One query block's fused-kernel mask, ``scale * [u . k_j + rel_shift((q_i + v) . r)]``, ``-inf`` where
-    ``allowed`` is false, with its gradients written out (the same function as :meth:`XLNetRelative.scores_from_parts`
-    then ``masked_fill``).  The distance product runs per head over all batch rows, ``(H, B * R, dh) @ (H, dh, P)``,
-    straight from the projected distances' ``(P, H * dh)`` layout (padded, :data:`DISTANCE_PAD`); the product, the
-    mask and the shifted gradient live in ``work``, reused by every block of a pass (a mask made with ``work``, and its
-    gradient, are valid until the next call with the same ``work``)."""
+    """One query block's terms (b)+(d) for the fused kernel, ``scale * rel_shift((q_i + v) . r)`` against ``n`` keys,
+    ``-inf`` where ``allowed`` is false, with its gradients written out (term (c) enters through the kernel's
+    queries, :meth:`XLNetRelative.kernel_queries`).  The distance product runs per head over all batch rows,
+    ``(H, B * R, dh) @ (H, dh, P)``, straight from the projected distances' ``(P, H * dh)`` layout (padded,
+    :data:`DISTANCE_PAD`); the product, the mask and the shifted gradient live in ``work``, reused by every block of
+    a pass (a mask made with ``work``, and its gradient, are valid until the next call with the same ``work``)."""
 
     @staticmethod
-    def forward(ctx, q, k, r, u, v, scale: float, allowed, work):
+    def forward(ctx, q, r, v, n: int, scale: float, allowed, work):
         b, h, rows, dh = q.shape
-        n = k.shape[2]
         qv = (q + v[None, :, None, :]).mul_(scale).transpose(0, 1).reshape(h, b * rows, dh)  # (H, B * R, dh)
         r_pad = _padded_distances(r, work)
         r_h = r_pad.view(-1, h, dh).permute(1, 0, 2)  # (H, P, dh): a view
         bd = torch.bmm(qv, r_h.transpose(1, 2), out=_work(work, "bd", (h, b * rows, r_pad.shape[0]), q))
-        content = torch.einsum("hd,bhjd->bhj", u * scale, k)[:, :, None, :]
-        mask = torch.add(_shifted(bd, b, h, rows, n), content, out=_work(work, "mask", (b, h, rows, n), q))
+        mask = _work(work, "mask", (b, h, rows, n), q).copy_(_shifted(bd, b, h, rows, n))
         if allowed is not None:
             mask.masked_fill_(~allowed, float("-inf"))
-        ctx.save_for_backward(k, r, u, qv, allowed)
+        ctx.save_for_backward(r, qv, allowed)
         ctx.scale, ctx.work, ctx.shape = scale, work, (b, h, rows, n, dh)
         return mask
 
     @staticmethod
     def backward(ctx, grad):
-        k, r, u, qv, allowed = ctx.saved_tensors
+        r, qv, allowed = ctx.saved_tensors
         scale, (b, h, rows, n, dh), p = ctx.scale, ctx.shape, r.shape[0]
         r_pad = _padded_distances(r, ctx.work)
         g = _work(ctx.work, "grad", (h, b * rows, r_pad.shape[0]), grad).zero_()  # the product's gradient
@@ -158,20 +156,17 @@ class _BlockMask(torch.autograd.Function):
         g_shift.copy_(grad)
         if allowed is not None:
             g_shift.masked_fill_(~allowed, 0.0)
-            grad = g_shift  # the same entries, zero where masked
-        d_content = grad.sum(-2).mul_(scale)  # (B, H, n)
-        d_u = torch.einsum("bhj,bhjd->hd", d_content, k)
-        d_k = d_content[..., None] * u[None, :, None, :]
         d_qv = torch.bmm(g, r_pad.view(-1, h, dh).permute(1, 0, 2)).mul_(scale).view(h, b, rows, dh).transpose(0, 1)
         d_r = torch.bmm(g.transpose(1, 2), qv)[:, :p].transpose(0, 1).reshape(p, h * dh)  # qv is already scaled
-        return d_qv, d_k, d_r, d_u, d_qv.sum((0, 2)), None, None, None
+        return d_qv, d_r, d_qv.sum((0, 2)), None, None, None, None
 
 
-def block_mask(q, k, parts, scale: float, allowed=None, work: dict | None = None) -> torch.Tensor:
-    """The fused CPU kernel's float mask for one query block from :meth:`XLNetRelative.score_parts`' ``parts`` cut by
-    :meth:`XLNetRelative.block_parts`: ``scale`` times terms (c) and (b)+(d), ``-inf`` where ``allowed`` is false."""
-    r, u, v = parts
-    return _BlockMask.apply(q, k, r, u, v, scale, allowed, work)
+def block_mask(q, n: int, parts, scale: float, allowed=None, work: dict | None = None) -> torch.Tensor:
+    """The fused CPU kernel's float mask for one query block ``q`` against keys ``0:n`` from
+    :meth:`XLNetRelative.score_parts`' ``parts`` cut by :meth:`XLNetRelative.block_parts`: ``scale`` times terms
+    (b)+(d), ``-inf`` where ``allowed`` is false; the kernel's queries carry term (c)."""
+    r, _, v = parts
+    return _BlockMask.apply(q, r, v, n, scale, allowed, work)
 
 
 class XLNetRelative(PositionScheme):
@@ -247,10 +242,17 @@ class XLNetRelative(PositionScheme):
         first = ctx["q_pos"].numel() - end
         return r[first : first + (end - start) + n - 1], u, v
 
+    def kernel_queries(self, q, parts):
+        """The queries the fused CPU kernel takes, ``q + u``: term (c), ``u . k_j``, enters through the kernel's own
+        product, and :meth:`mask_from_parts` lays out only (b)+(d) (one pass less over a block's scores, and no key
+        gradient through the mask)."""
+        return q + parts[1][None, :, None, :]
+
     def mask_from_parts(self, q, k, parts, ctx, scale: float, allowed=None, work: dict | None = None):
-        """The fused CPU path's float mask of one query block (:func:`block_mask`): :meth:`scores_from_parts` times
-        ``scale``, ``-inf`` where ``allowed`` is false, its score-sized tensors in ``work``."""
-        return block_mask(q, k, parts, scale, allowed, work)
+        """The fused CPU path's float mask of one query block against the keys ``k`` (:func:`block_mask`): with the
+        kernel's queries :meth:`kernel_queries`, the scores are :meth:`scores_from_parts` times ``scale``; ``-inf``
+        where ``allowed`` is false; its score-sized tensors in ``work``."""
+        return block_mask(q, k.shape[2], parts, scale, allowed, work)
 
     def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
         """The score terms (c), (b)+(d) from ``parts``, times ``scale`` (applied to the small factors)."""
