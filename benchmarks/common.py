@@ -146,7 +146,7 @@ def attention_settings() -> dict:
     """The attention module's switches and thresholds at measuring time: they choose how each call is computed
     (fused or explicit, block sizes, the backward pass), so a result records the ones it was measured with."""
     from posenc_lib.attention import cpu_flash, layer
-    from posenc_lib.schemes import alibi, t5
+    from posenc_lib.schemes import alibi, t5, xlnet
 
     return {
         "layer.BLOCK_ELEMENTS": layer.BLOCK_ELEMENTS,
@@ -162,6 +162,7 @@ def attention_settings() -> dict:
         "cpu_flash.BACKWARD_BLOCK_ROWS": cpu_flash.BACKWARD_BLOCK_ROWS,
         "t5.TOEPLITZ_MIN_ELEMENTS": t5.TOEPLITZ_MIN_ELEMENTS,
         "alibi.OFFSET_MIN_ELEMENTS": alibi.OFFSET_MIN_ELEMENTS,
+        "xlnet.DISTANCE_PAD": xlnet.DISTANCE_PAD,
     }
 
 

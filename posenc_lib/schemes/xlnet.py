@@ -133,7 +133,8 @@ class _BlockMask(torch.autograd.Function):
     mask; a block at batch 2, 8 heads, 128 rows, 2048 keys: the same output, 9.9 ms against 10.4 ms with a
     contiguous one, which took 1.6 ms to copy).  The product and the shifted gradient live in ``work``, reused by
     every block of a pass (a mask made with ``work``, and its gradient, are valid until the next call with the same
-    ``work``)."""
+    ``work``).  The model's training step at L = 2048, ratio to ``none``, with the library before this layout and
+    after it, side by side in alternating processes: batch 2, 1.94 -> 1.62; batch 32, 1.69 -> 1.54."""
 
     @staticmethod
     def forward(ctx, q, r, v, n: int, scale: float, allowed, work):
