@@ -303,22 +303,22 @@ def _spy_paths(monkeypatch):
     return calls
 
 
-def _explicit_then_fused(pe, padded, monkeypatch):
+def _explicit_then_fused(pe, padded, monkeypatch, batch=3):
     """Loss and gradients of a small model (2 + 2 layers) with every self-attention call explicit, then fused
     (``FUSED_MIN_ELEMENTS`` at the calls' size), with padding if asked: ``{setting: (loss, grads, calls)}``, the
     fused CPU functions each setting called; the two settings' losses and gradients are checked equal."""
     set_seed(0)
     model = build_model(pe, 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
     g = torch.Generator().manual_seed(1)
-    src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 12), generator=g)
+    src, tgt = torch.randint(4, 31, (batch, 13), generator=g), torch.randint(4, 31, (batch, 12), generator=g)
     pads = {}
     if padded:
-        src_pad, tgt_pad = torch.zeros(3, 13, dtype=torch.bool), torch.zeros(3, 11, dtype=torch.bool)
-        src_pad[0, 9:], tgt_pad[1, 7:] = True, True
+        src_pad, tgt_pad = torch.zeros(batch, 13, dtype=torch.bool), torch.zeros(batch, 11, dtype=torch.bool)
+        src_pad[0, 9:], tgt_pad[-1, 7:] = True, True
         pads = dict(src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)
     calls = _spy_paths(monkeypatch)
     results = {}
-    for fused_min in (None, 3 * 4 * 11 * 11):  # explicit, then every self-attention call of the model fused
+    for fused_min in (None, batch * 4 * 11 * 11):  # explicit, then every self-attention call of the model fused
         monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
         calls.clear()
         model.zero_grad(set_to_none=True)
@@ -588,6 +588,58 @@ def test_t5_keys_beyond_max_distance_run_without_a_mask_with_the_explicit_loss_a
     # rows 8-11 see keys 0-2 at distance >= 6 from each, rows 12-15 keys 0-6 (where key 5 is padded, the whole
     # block is laid out); rows 0-3 have no such key
     assert seen[0][0] == (0, 4) and seen[0][2] == (3, 12) and seen[0][3] == ((0, 16) if padded else (7, 16))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_t5s_encoder_at_batch_1_lays_out_its_bias_per_block_with_the_explicit_loss_and_gradients(padded, monkeypatch):
+    """At batch 1 T5's encoder lays out its learned bias block by block too (flash_blocks, no whole bias), the keys
+    beyond max_distance on either side of a block run without a mask; from batch 2 it takes the whole bias
+    (flash_whole_offsets).  The loss and every gradient (the bias table's too) equal the explicit path's."""
+    from posenc_lib.schemes import t5 as t5_module
+
+    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    set_seed(0)
+    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                        num_buckets=8, max_distance=6).train()  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(4, 31, (2, 20), generator=g), torch.randint(4, 31, (2, 13), generator=g)
+    pads = {}
+    if padded:
+        src_pad = torch.zeros(2, 20, dtype=torch.bool)
+        src_pad[:, 18:] = True  # the last two keys, among the far ones of rows 0-11
+        pads = dict(src_key_padding_mask=src_pad)
+    seen, real = [], cpu_flash.flash_blocks
+
+    def spy(*a, ranges=None, **kw):
+        seen.append((a[0].shape[0], ranges))
+        return real(*a, ranges=ranges, **kw)
+
+    monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
+    calls = _spy_paths(monkeypatch)
+    for batch in (1, 2):
+        results = []
+        for fused_min in (None, 1):
+            monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
+            seen.clear(), calls.clear(), model.zero_grad(set_to_none=True)
+            few = {k: m[:batch] for k, m in pads.items()}
+            loss = model.loss(src[:batch], tgt[:batch, :-1], tgt[:batch, 1:], **few)
+            loss.backward()
+            results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
+        for name, grad in results[0][1].items():
+            torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+        encoder = [r for b, r in seen if r is not None and len(r) == 5]  # 20 source positions: 5 blocks of 4 rows
+        if batch == 1:
+            assert "flash_whole_offsets" not in calls and len(encoder) == 2
+            # rows 8-11: the keys in the far bucket before every row (0-4) and after every row (15-19; 18-19 padded)
+            buckets = t5_module.t5_relative_bucket(torch.arange(20)[None] - torch.arange(8, 12)[:, None], True, 8, 6)
+            far = t5_module.t5_relative_bucket(torch.tensor([-100, 100]), True, 8, 6)
+            left, right = (buckets == far[0]).all(0), (buckets == far[1]).all(0)
+            assert left.tolist() == [True] * 5 + [False] * 15 and right.tolist() == [False] * 15 + [True] * 5
+            assert encoder[0][2] == encoder[1][2] == (5, 15)
+        else:
+            assert calls.count("flash_whole_offsets") == (0 if padded else 2) and encoder == []
 
 
 def test_t5_offset_values_lay_out_the_same_bias():

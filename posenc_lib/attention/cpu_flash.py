@@ -24,8 +24,9 @@ time (:data:`WRITTEN_BACKWARD`).
 Where every query block's mask is laid out from the same small tensors (one value per offset: T5's learned
 bias, ALiBi's fixed one), :func:`flash_blocks` runs all blocks of a call in one autograd node and builds each
 block's mask when it is needed, in the forward pass and again in the backward pass, so no whole mask is ever
-written.  A call that sees every key (T5's encoder) runs on the whole mask, laid out once for a stack, and
-:func:`flash_whole_offsets` sums its gradient per offset block by block, so no whole gradient of it is written.
+written.  A call that sees every key (T5's encoder, from batch 2) runs on the whole mask, laid out once for a
+stack, and :func:`flash_whole_offsets` sums its gradient per offset block by block, so no whole gradient of it is
+written.
 
 Only for float32 CPU tensors without dropout (:func:`supported`); the attention module falls back to
 its explicit path otherwise.  On a GPU the same job is FlexAttention's (see ``flex.py``).

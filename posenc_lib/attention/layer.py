@@ -504,10 +504,8 @@ class MultiHeadAttention(nn.Module):
                     outs.append(cpu_flash.flash_scores(q[:, :, start:end], kb, vb, scale, build, *parts))
                 out, blocks = torch.cat(outs, dim=2), []
             elif shared and not path.causal_mask and (values := _learned_offsets(pos, ctx, bias)) is not None:
-                # a non-causal call with a learned bias of one value per offset (T5's encoder): one fused call, the
-                # gradient summed per diagonal block by block, never a whole gradient of the bias.  Against the
-                # whole bias's gradient per layer (whole step, median of 6 interleaved repeats over none's):
-                # 1.51 -> 1.42 at batch 1, L = 2048; 1.43 -> 1.36 at batch 1 and 1.31 -> 1.28 at batch 2, L = 1024
+                # a non-causal call with a learned bias per offset (T5's encoder from batch 2): one fused call, the
+                # gradient summed per diagonal block by block, never a whole gradient of the bias (benchmarks/README)
                 mask = bias.detach() if allowed is None else bias.detach().masked_fill(~allowed, float("-inf"))
                 whole = lambda q, k, v, mask: cpu_flash.flash_whole_offsets(q, k, v, mask, values, scale)  # noqa: E731
                 chunk = _batch_chunk(q, FUSED_BLOCK_ROWS, k_len)
@@ -605,11 +603,13 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
 
     It applies to a causal training call on the fused CPU path (:func:`_fused_pays`, or a call above
     :data:`BLOCK_ELEMENTS`) whose scheme has one bias value per offset ``j - i`` (``offset_bias``: T5 and ALiBi
-    over large windows of consecutive positions): each block of :data:`FUSED_BLOCK_ROWS` queries lays out its
-    own rows of the bias for the keys it can see, so neither the whole ``(heads, q_len, k_len)`` bias nor a
-    masked copy of it per layer is ever written, and a gradient (T5's) reaches the values per block."""
+    over large windows of consecutive positions), and to a non-causal one of batch 1 with learned values (T5's
+    encoder; from batch 2 it takes the whole bias, :func:`cpu_flash.flash_whole_offsets`): each block of
+    :data:`FUSED_BLOCK_ROWS` queries lays out its own rows of the bias for the keys it can see, so the whole
+    ``(heads, q_len, k_len)`` bias is never written, and a gradient (T5's) reaches the values per block (T5, batch
+    1, L = 2048, side by side: peak memory 1.12x of ``none``'s, 1.32x with the whole bias; time 1.22 and 1.25)."""
     offset_bias = getattr(pos, "offset_bias", None)
-    if offset_bias is None or ctx is None or not path.causal_mask or not torch.is_grad_enabled():
+    if offset_bias is None or ctx is None or not torch.is_grad_enabled() or not (path.causal_mask or q.shape[0] == 1):
         return None
     if _flex_wanted(pos, False, p_drop, q.shape[2]) or not _cpu_flash_wanted(pos, q, p_drop):
         return None
@@ -618,7 +618,7 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     if not above and not _fused_pays(pos, q, k_len, p_drop):
         return None
     values = offset_bias(ctx)
-    if values is None:
+    if values is None or not (path.causal_mask or values.requires_grad):  # ALiBi's fixed bias: laid out once
         return None
     chunk = _batch_chunk(q, FUSED_BLOCK_ROWS, k_len) if values.requires_grad else b
     rows = min(FUSED_BLOCK_ROWS, max(1, BLOCK_ELEMENTS // (chunk * h * k_len))) if above else FUSED_BLOCK_ROWS

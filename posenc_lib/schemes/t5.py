@@ -125,8 +125,8 @@ class T5Bias(PositionScheme):
     def prepare(self, q_pos, k_pos):
         """The stack's context: the bias, or for a large window of consecutive positions the one value per
         offset (``"offset_values"``), laid out into the bias by the first layer that asks for it (:meth:`bias`).
-        A causal training call on the fused CPU path never asks: it lays out one block of queries at a time
-        (:meth:`offset_bias`)."""
+        A causal training call on the fused CPU path never asks, nor an encoder's call at batch 1: it lays out one
+        block of queries at a time (:meth:`offset_bias`)."""
         values = self._offset_values(q_pos, k_pos)
         if values is None:
             return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}
