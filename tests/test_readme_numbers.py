@@ -1076,12 +1076,12 @@ def test_readme_quotes_where_the_goals_stand():
     assert len(cells) == 75 and measured == cells and "All 75 scheme-shapes" in para and "are now measured" in para
     slow = [c for c in measured if now[c][0] > goals[c[0]]]
     heavy = [c for c in measured if now[c][1] > 1.3]
-    assert f"The time goal holds at {75 - len(slow)}:" in para and f"Peak memory is within 1.3× at {75 - len(heavy)}:" in para
+    assert f"The time goal holds at {75 - len(slow)}:" in para
     t = lambda *c: f"{now[c][0]:.2f}"  # noqa: E731
     assert slow == [("t5", 2048, 1), ("alibi", 2048, 1)]
     assert f"batch 1, L = 2048 for t5 ({t('t5', 2048, 1)}) and alibi ({t('alibi', 2048, 1)}). Peak memory" in para
-    assert BATCH_GRIDS[-3:] == ("xlnet_terms", "xlnet_terms/B32", "t5_encoder_B1")
-    assert "two more are XLNet's above and the last is T5's encoder's" in para
+    assert BATCH_GRIDS[-4:] == ("xlnet_terms", "xlnet_terms/B32", "t5_encoder_B1", "deberta_L2048")
+    assert "two more are XLNet's above, one T5's encoder's and the last DeBERTa's" in para
     b32, m3, _ = _grid("sides_B32_L2048")
     assert sorted(pe for pe, _, _ in b32) == sorted(goals) and f"(`sides_B32_L2048/`, {round(m3)} min, the memory part slowed by tests run beside it" in para
     t32 = {pe: b32[pe, 2048, 32]["time_ratio"] for pe in goals}
@@ -1100,7 +1100,7 @@ def test_readme_quotes_where_the_goals_stand():
     assert "read t5 1.52 -> 1.23 and shaw 1.53 -> 1.36" in para and "t5 1.52 -> 1.23, shaw 1.53 -> 1.36" in (
         ROOT / "posenc_lib" / "attention" / "layer.py").read_text(encoding="utf-8").replace("\n#:", "")
     grids = {name: _grid(name) for name in ("t5_shaw_chunks", "t5_shaw_chunks/L2048", "t5_shaw_chunks/L512_1024")}
-    assert BATCH_GRIDS[-6:-3] == tuple(grids) and "three more follow a change to T5 and Shaw" in para
+    assert BATCH_GRIDS[-7:-4] == tuple(grids) and "three more follow a change to T5 and Shaw" in para
     (c32, mc1, _), (c2048, mc2, _), (csmall, mc3, _) = grids.values()
     assert (f"(`t5_shaw_chunks/`, T5 and Shaw at batch 32, L = 2048, {round(mc1)} min, with `L2048/`, batch 8 and 16 at "
             f"L = 2048, {round(mc2)} min, and `L512_1024/`, batch 8, 16 and 32 at L = 512 and 1024, covering every shape "
@@ -1129,8 +1129,8 @@ def test_readme_quotes_where_the_goals_stand():
     assert f"between {-min(moved.values()):.2f} below and {max(moved.values()):.2f} above their earlier readings" in para
     assert sorted(moved, key=moved.get)[:2] == [("shaw", 512, 16), ("shaw", 512, 8)] and not changed("shaw", 512, 8)
     assert f"so two runs can differ by that much ({-moved['shaw', 512, 8]:.2f})" in para
-    assert heavy == [("deberta", 2048, 1)]
-    assert f"deberta at batch 1, L = 2048 ({now['deberta', 2048, 1][1]:.2f}×) misses" in para
+    assert heavy == [] and "Peak memory is within 1.3× at all 75" in para
+    assert f"(DeBERTa's {now['deberta', 2048, 1][1]:.2f}× at batch 1, L = 2048 with the caveat above)" in para
 
     b16, m1, _ = _grid("sides_B16_L2048")
     assert sorted(pe for pe, _, _ in b16) == ["alibi", "deberta", "shaw", "t5"]
@@ -1233,3 +1233,34 @@ def test_readme_quotes_t5s_encoder_at_batch_1():
     assert f"(`t5_encoder_B1/`): {mem[2]:.2f}×, and side by side the step is as fast as before (1.22 against 1.25)" in " ".join(lesson)
     bench = " ".join((ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8").split())
     assert "at batch 16, L = 1024 it read 1.32 against 1.17" in bench and "layout read 1.32 against 1.17" in para
+
+
+def test_readme_quotes_debertas_grid_at_l_2048():
+    """The README's "DeBERTa at L = 2048 after the backward pass's changes": the grid against the readings before
+    it, and the two more runs of its memory part at batch 1 whose spread the caveat quotes."""
+    from posenc_lib.course.notebook import BATCH_GRIDS, latest_batch_readings
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**DeBERTa at L = 2048 after the backward pass's changes**", 1)[1].split("**", 1)[0]
+    grid, minutes, docs = _grid("deberta_L2048")
+    assert set(grid) == {("deberta", 2048, b) for b in (1, 2)} and docs["train_batches"]["config"]["repeats"] == 5
+    assert f"(`benchmarks/results/deberta_L2048/`, batch 1 and 2, 5 repeats, {round(minutes)} min)" in para
+    before = latest_batch_readings(RESULTS, [g for g in BATCH_GRIDS if g != "deberta_L2048"])
+    assert all(before["deberta", 2048, b][2] == "clipped_sides/L2048" for b in (1, 2))
+    t, m = ([grid["deberta", 2048, b][k] for b in (1, 2)] for k in ("time_ratio", "memory_ratio"))
+    bt, bm = ([before["deberta", 2048, b][i] for b in (1, 2)] for i in (0, 1))
+    assert (f"Its step read {t[0]:.2f} and {t[1]:.2f} of `none`'s at batch 1 and 2 ({bt[0]:.2f} and {bt[1]:.2f} before), "
+            f"peak memory {m[0]:.2f}× and {m[1]:.2f}× ({bm[0]:.2f}× and {bm[1]:.2f}×)") in para
+    again = []
+    for folder in ("memory_again", "memory_again_2"):
+        doc = json.loads((RESULTS / "deberta_L2048" / folder / "memory_batches.json").read_text())
+        assert "AMD EPYC" in doc["machine"]["cpu_model"]
+        again.append(doc["results"]["batches"]["1"]["lengths"]["2048"]["schemes"])
+    ratios = [a["deberta"]["ratio_peak"] for a in again]
+    assert f"read {ratios[0]:.2f}× and {ratios[1]:.2f}×" in para and max(ratios) > 1.3 > min(ratios)  # at the goal
+    main = docs["memory_batches"]["results"]["batches"]["1"]["lengths"]["2048"]["schemes"]
+    peaks = {pe: [r[pe]["peak_mb"] for r in (main, *again)] for pe in ("deberta", "none")}
+    assert (f"DeBERTa's peak {min(peaks['deberta']):.0f}–{max(peaks['deberta']):.0f} MiB, `none`'s "
+            f"{min(peaks['none']):.0f}–{max(peaks['none']):.0f} MiB") in para
+    again_then = _grid("clipped_sides/L2048_memory_again", parts=("memory",))[0]
+    assert f"(1.30× when it was run again then)" in para and f"{again_then['deberta', 2048, 1]['memory_ratio']:.2f}" == "1.30"
