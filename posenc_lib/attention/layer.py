@@ -754,29 +754,24 @@ def _shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, a
     if BATCH_CHUNK_ELEMENTS is not None:
         limit = BATCH_CHUNK_ELEMENTS if BLOCK_ELEMENTS is None else min(BATCH_CHUNK_ELEMENTS, BLOCK_ELEMENTS)
         chunk = max(1, min(b, limit // per_row))
-    outs, work = [], {}  # work: score-sized buffers a scheme's mask_from_parts reuses across one pass's blocks
-    for c0 in range(0, b, chunk):  # batch rows in chunks (BATCH_CHUNK_ELEMENTS)
-        c1 = min(c0 + chunk, b)
-        cut = [None if m is None or m.shape[0] == 1 else m[c0:c1] for m in masks]
+    work = {}  # score-sized buffers a scheme's mask_from_parts reuses across one pass's blocks
 
-        def build(i, q, k, *parts, cut=cut):
+    def sides(i, q, k, *parts):
+        (start, end, n), (s0, s1) = spans[i], ranges[i]
+        parts, q_b = pos.block_parts(parts, ctx, start, end, n), q[:, :, start:end]
+        outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
+        return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
+
+    def chunk_of_rows(qk_c, q_c, k_c, v_c, masks_c):  # one chunk of batch rows (BATCH_CHUNK_ELEMENTS)
+        def build(i, q, k, *parts):
             (start, end, n), (s0, s1) = spans[i], ranges[i]
             parts = pos.block_parts(parts, ctx, start, end, n)
-            allowed_b = masks[i] if cut[i] is None else cut[i]
-            return _mask_from_parts(pos, contexts[i], scale, allowed_b, q[:, :, start:end], k[:, :, s0:s1], *parts, work=work)
+            return _mask_from_parts(pos, contexts[i], scale, masks_c[i], q[:, :, start:end], k[:, :, s0:s1], *parts, work=work)
 
-        def sides(i, q, k, *parts):
-            (start, end, n), (s0, s1) = spans[i], ranges[i]
-            parts, q_b = pos.block_parts(parts, ctx, start, end, n), q[:, :, start:end]
-            outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
-            return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
+        return cpu_flash.flash_blocks(qk_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
+                                      sides=sides if split else None, work=work)  # fmt: skip
 
-        q_c, k_c, v_c, qk_c = (t if chunk == b else t[c0:c1] for t in (q, k, v, q_kernel))
-        outs.append(cpu_flash.flash_blocks(
-            qk_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
-            sides=sides if split else None, work=work,
-        ))  # fmt: skip
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    return _in_batch_chunks(chunk_of_rows, chunk, q_kernel, q, k, v, masks)
 
 
 def _batch_chunk(q: torch.Tensor, rows: int, k_len: int) -> int:
@@ -789,16 +784,17 @@ def _batch_chunk(q: torch.Tensor, rows: int, k_len: int) -> int:
     return max(1, min(b, BATCH_CHUNK_ELEMENTS // (h * rows * k_len)))
 
 
-def _in_batch_chunks(fn, chunk: int, q, k, v, mask):
-    """``fn(q, k, v, mask)`` over chunks of ``chunk`` batch rows, joined (``mask``: ``None``, or batch 1 or ``b``)."""
-    b = q.shape[0]
+def _in_batch_chunks(fn, chunk: int, *args):
+    """``fn(*args)`` over chunks of ``chunk`` batch rows, joined; the first argument has the whole batch ``b``.  Each
+    argument is a tensor of batch ``b`` (sliced), of batch 1 or ``None`` (passed as it is), or a list of those."""
+    b = args[0].shape[0]
     if chunk >= b:
-        return fn(q, k, v, mask)
+        return fn(*args)
+    cut = lambda t, c0, c1: t if t is None or t.shape[0] == 1 else t[c0:c1]  # noqa: E731
     outs = []
     for c0 in range(0, b, chunk):
         c1 = min(c0 + chunk, b)
-        m = mask if mask is None or mask.shape[0] == 1 else mask[c0:c1]
-        outs.append(fn(q[c0:c1], k[c0:c1], v[c0:c1], m))
+        outs.append(fn(*([cut(t, c0, c1) for t in a] if isinstance(a, list) else cut(a, c0, c1) for a in args)))
     return torch.cat(outs)
 
 
