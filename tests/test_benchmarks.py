@@ -243,3 +243,36 @@ def test_attention_settings_name_the_switches_that_choose_the_computation(monkey
     monkeypatch.setattr(cpu_flash, "BACKWARD_BLOCK_ROWS", None)
     assert attention_settings()["cpu_flash.BACKWARD_BLOCK_ROWS"] is None
 
+
+
+def test_side_by_side_runs_the_two_trees_in_alternating_processes(capsys):
+    """benchmarks.side_by_side: each round one process per tree, the first tree alternating, ratios to none of the
+    same process, and per tree the median over the rounds (here both trees are this one, the tiny model)."""
+    import statistics
+
+    from benchmarks import side_by_side
+
+    root = str(Path(__file__).resolve().parents[1])
+    res = side_by_side.main(["--before", root, "--after", root, "--schemes", "t5,alibi", "--batch", "1", "--length",
+                             "16", "--rounds", "3", "--repeats", "1", "--threads", "1", "--quick"])  # fmt: skip
+    assert [list(row) for row in res["rounds"]] == [["before", "after"], ["after", "before"], ["before", "after"]]
+    assert all(set(t) == {"t5", "alibi"} and all(r > 0 for r in t.values()) for row in res["rounds"] for t in row.values())
+    for tree in ("before", "after"):
+        assert res["medians"][tree]["t5"] == statistics.median(row[tree]["t5"] for row in res["rounds"])
+    out = capsys.readouterr().out
+    assert "round 1, after: t5" in out and "before, median of 3 rounds: t5" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--before", "{tmp}", "--schemes", "t5"], "is not a source tree of this project"),
+    (["--before", "{root}", "--schemes", "none"], "at least one scheme besides none"),
+    (["--before", "{root}", "--schemes", "t6"], "unknown scheme(s) ['t6']"),
+    (["--before", "{root}", "--schemes", "t5", "--rounds", "0"], "--rounds must be a positive integer, got 0"),
+])  # fmt: skip
+def test_side_by_side_refuses_bad_input_naming_it(args, message, tmp_path, capsys):
+    from benchmarks import side_by_side
+
+    root = str(Path(__file__).resolve().parents[1])
+    with pytest.raises(SystemExit) as exit_:
+        side_by_side.main([a.format(tmp=tmp_path, root=root) for a in args])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

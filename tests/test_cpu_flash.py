@@ -317,21 +317,42 @@ def _explicit_then_fused(pe, padded, monkeypatch, batch=3):
         src_pad[0, 9:], tgt_pad[-1, 7:] = True, True
         pads = dict(src_key_padding_mask=src_pad, tgt_key_padding_mask=tgt_pad)
     calls = _spy_paths(monkeypatch)
+    loss = lambda: model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)  # noqa: E731
+    return _explicit_and_fused(model, loss, batch * 4 * 11 * 11, monkeypatch, calls)  # every self-attention call fused
+
+
+def _explicit_and_fused(model, loss_fn, fused_min, monkeypatch, calls=None):
+    """``loss_fn()`` and its backward pass with every attention call explicit, then fused from ``fused_min`` score
+    elements: ``{setting: (loss, grads, calls)}`` (``calls``: a :func:`_spy_paths` list, emptied before each setting),
+    the two settings' losses and every gradient checked equal."""
     results = {}
-    for fused_min in (None, batch * 4 * 11 * 11):  # explicit, then every self-attention call of the model fused
-        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
-        calls.clear()
+    for setting in (None, fused_min):
+        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", setting)
+        if calls is not None:
+            calls.clear()
         model.zero_grad(set_to_none=True)
-        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
+        loss = loss_fn()
         loss.backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        results[fused_min] = loss.detach(), grads, list(calls)
+        results[setting] = loss.detach(), grads, list(calls or [])
     (loss_e, grads_e, _), (loss_f, grads_f, _) = results.values()
     torch.testing.assert_close(loss_f, loss_e, atol=1e-6, rtol=1e-5)
     assert grads_f.keys() == grads_e.keys()
     for name, grad in grads_e.items():
         torch.testing.assert_close(grads_f[name], grad, atol=1e-5, rtol=1e-4, msg=name)
     return results
+
+
+def _small_clipped_t5(monkeypatch):
+    """A small T5 (8 buckets, max_distance 6: distances from 3 on share a bucket) whose calls of any size use values
+    per offset, in blocks of 4 query rows."""
+    from posenc_lib.schemes import t5 as t5_module
+
+    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
+    set_seed(0)
+    return build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
+                       num_buckets=8, max_distance=6).train()  # fmt: skip
 
 
 @pytest.mark.parametrize("pe", SCORE_AND_BIAS)
@@ -550,11 +571,7 @@ def test_t5_keys_beyond_max_distance_run_without_a_mask_with_the_explicit_loss_a
     value added to the log-sum-exp; the loss and every gradient (the bias table's too) equal the explicit path's."""
     from posenc_lib.schemes import t5 as t5_module
 
-    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
-    set_seed(0)
-    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
-                        num_buckets=8, max_distance=6).train()  # fmt: skip
+    model = _small_clipped_t5(monkeypatch)
     g = torch.Generator().manual_seed(1)
     src, tgt = torch.randint(4, 31, (3, 13), generator=g), torch.randint(4, 31, (3, 21), generator=g)
     pads = {}
@@ -569,16 +586,7 @@ def test_t5_keys_beyond_max_distance_run_without_a_mask_with_the_explicit_loss_a
         return real(*a, ranges=ranges, sides=sides, **kw) if ranges is not None else real(*a, **kw)
 
     monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
-    results = []
-    for fused_min in (None, 3 * 4 * 13 * 13):
-        monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
-        model.zero_grad(set_to_none=True)
-        loss = model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
-    for name, grad in results[0][1].items():
-        torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    _explicit_and_fused(model, lambda: model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads), 3 * 4 * 13 * 13, monkeypatch)
     assert len(seen) == 2 and seen[0] is not None  # the decoder's two layers
     scheme = model.dec_pos
     ctx = scheme.prepare(torch.arange(20), torch.arange(20))
@@ -597,11 +605,7 @@ def test_t5s_encoder_at_batch_1_lays_out_its_bias_per_block_with_the_explicit_lo
     (flash_whole_offsets).  The loss and every gradient (the bias table's too) equal the explicit path's."""
     from posenc_lib.schemes import t5 as t5_module
 
-    monkeypatch.setattr(t5_module, "TOEPLITZ_MIN_ELEMENTS", 1)
-    monkeypatch.setattr(attention, "FUSED_BLOCK_ROWS", 4)
-    set_seed(0)
-    model = build_model("t5", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0,
-                        num_buckets=8, max_distance=6).train()  # fmt: skip
+    model = _small_clipped_t5(monkeypatch)
     g = torch.Generator().manual_seed(1)
     src, tgt = torch.randint(4, 31, (2, 20), generator=g), torch.randint(4, 31, (2, 13), generator=g)
     pads = {}
@@ -618,20 +622,12 @@ def test_t5s_encoder_at_batch_1_lays_out_its_bias_per_block_with_the_explicit_lo
     monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
     calls = _spy_paths(monkeypatch)
     for batch in (1, 2):
-        results = []
-        for fused_min in (None, 1):
-            monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", fused_min)
-            seen.clear(), calls.clear(), model.zero_grad(set_to_none=True)
-            few = {k: m[:batch] for k, m in pads.items()}
-            loss = model.loss(src[:batch], tgt[:batch, :-1], tgt[:batch, 1:], **few)
-            loss.backward()
-            results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-        torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-5)
-        for name, grad in results[0][1].items():
-            torch.testing.assert_close(results[1][1][name], grad, atol=1e-5, rtol=1e-4, msg=name)
+        few = {k: m[:batch] for k, m in pads.items()}
+        loss = lambda: seen.clear() or model.loss(src[:batch], tgt[:batch, :-1], tgt[:batch, 1:], **few)  # noqa: E731
+        fused = _explicit_and_fused(model, loss, 1, monkeypatch, calls)[1][2]  # the fused functions called
         encoder = [r for b, r in seen if r is not None and len(r) == 5]  # 20 source positions: 5 blocks of 4 rows
         if batch == 1:
-            assert "flash_whole_offsets" not in calls and len(encoder) == 2
+            assert "flash_whole_offsets" not in fused and len(encoder) == 2
             # rows 8-11: the keys in the far bucket before every row (0-4) and after every row (15-19; 18-19 padded)
             buckets = t5_module.t5_relative_bucket(torch.arange(20)[None] - torch.arange(8, 12)[:, None], True, 8, 6)
             far = t5_module.t5_relative_bucket(torch.tensor([-100, 100]), True, 8, 6)
@@ -639,7 +635,7 @@ def test_t5s_encoder_at_batch_1_lays_out_its_bias_per_block_with_the_explicit_lo
             assert left.tolist() == [True] * 5 + [False] * 15 and right.tolist() == [False] * 15 + [True] * 5
             assert encoder[0][2] == encoder[1][2] == (5, 15)
         else:
-            assert calls.count("flash_whole_offsets") == (0 if padded else 2) and encoder == []
+            assert fused.count("flash_whole_offsets") == (0 if padded else 2) and encoder == []
 
 
 def test_t5_offset_values_lay_out_the_same_bias():

@@ -609,7 +609,7 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     ``(heads, q_len, k_len)`` bias is never written, and a gradient (T5's) reaches the values per block (T5, batch
     1, L = 2048, side by side: peak memory 1.12x of ``none``'s, 1.32x with the whole bias; time 1.22 and 1.25)."""
     offset_bias = getattr(pos, "offset_bias", None)
-    if offset_bias is None or ctx is None or not torch.is_grad_enabled() or not (path.causal_mask or q.shape[0] == 1):
+    if offset_bias is None or ctx is None or not torch.is_grad_enabled():
         return None
     if _flex_wanted(pos, False, p_drop, q.shape[2]) or not _cpu_flash_wanted(pos, q, p_drop):
         return None
@@ -618,7 +618,7 @@ def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPa
     if not above and not _fused_pays(pos, q, k_len, p_drop):
         return None
     values = offset_bias(ctx)
-    if values is None or not (path.causal_mask or values.requires_grad):  # ALiBi's fixed bias: laid out once
+    if values is None or not (path.causal_mask or (b == 1 and values.requires_grad)):  # see above
         return None
     chunk = _batch_chunk(q, FUSED_BLOCK_ROWS, k_len) if values.requires_grad else b
     rows = min(FUSED_BLOCK_ROWS, max(1, BLOCK_ELEMENTS // (chunk * h * k_len))) if above else FUSED_BLOCK_ROWS
