@@ -288,6 +288,22 @@ def toeplitz_bias(values: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
 DIAGONAL_ROWS = 128
 
 
+def open_keys(allowed: torch.Tensor) -> int:
+    """How many leading keys every row of the boolean ``allowed (..., rows, n)`` may see (read on the host): a
+    causal block of queries sees every key before its first query, so only the keys after need a mask."""
+    seen = allowed.reshape(-1, allowed.shape[-1]).view(torch.uint8).amin(0)  # 1 where every row sees the key
+    return int(seen.argmin()) if int(seen.min()) == 0 else seen.numel()  # argmin: the first of the minima
+
+
+def fill_closed_(t: torch.Tensor, allowed: torch.Tensor, value: float) -> torch.Tensor:
+    """``t.masked_fill_(~allowed, value)`` that reads and writes only the keys from the first one some row may not
+    see (:func:`open_keys`): a causal block of 128 queries fills 128 of its keys, not all of them."""
+    c0 = open_keys(allowed) if allowed.shape[-1] == t.shape[-1] else 0
+    if c0 < t.shape[-1]:
+        t[..., c0:].masked_fill_(~allowed[..., c0:], value)
+    return t
+
+
 def diagonal_sums(grad: torch.Tensor) -> torch.Tensor:
     """``(heads, rows, n) -> (heads, rows + n - 1)``: ``out[h, j - i + rows - 1] = sum of grad[h, i, j]`` along
     each diagonal (the gradient of a bias laid out from one value per offset ``j - i``).

@@ -207,6 +207,24 @@ def test_diagonal_sums_add_each_diagonal(rows, n, block, monkeypatch):
     torch.testing.assert_close(utils.diagonal_sums(grad), expected)
 
 
+@pytest.mark.parametrize("start,rows,n", [(0, 4, 4), (5, 3, 8), (120, 8, 128)])
+def test_a_causal_block_fills_only_its_last_keys_and_matches_masked_fill(start, rows, n):
+    """open_keys: a causal block of queries start:start + rows sees every key up to its first query, so the keys
+    from start + 1 on need a mask; fill_closed_ writes what masked_fill_ does (padding and an all-open mask too)."""
+    from posenc_lib import utils
+
+    causal = (torch.arange(n)[None, :] <= torch.arange(start, start + rows)[:, None] + (n - start - rows))[None, None]
+    padded = causal & (torch.arange(n) < n - 2)[None, None, None, :].expand(2, 1, rows, n).clone()
+    padded[0, ..., n - 2 :] = causal[0, ..., n - 2 :]  # one row of the batch unpadded
+    assert utils.open_keys(causal) == n - rows + 1
+    assert utils.open_keys(torch.ones(1, 1, rows, n, dtype=torch.bool)) == n
+    assert utils.open_keys(padded) == min(n - rows + 1, n - 2)
+    for allowed, lead in ((causal, 1), (padded, 2), (torch.ones(1, 1, rows, n, dtype=torch.bool), 1)):
+        t = torch.randn(lead, 3, rows, n, generator=torch.Generator().manual_seed(2))
+        expected = t.masked_fill(~allowed, float("-inf"))
+        assert torch.equal(utils.fill_closed_(t, allowed, float("-inf")), expected) and torch.equal(t, expected)
+
+
 def test_t5_lays_out_its_bias_once_per_stack(monkeypatch):
     """Over consecutive positions T5's context holds one value per offset; the first layer that asks lays out
     the bias and every other layer of the stack reuses it."""

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from ..utils import diagonal_sums
+from ..utils import diagonal_sums, fill_closed_
 
 #: query rows per block are chosen so that one block of scores holds at most this many elements
 WORKSPACE_ELEMENTS = 2**24
@@ -508,9 +508,7 @@ def _shaw_mask(qs_b, table_k, plan, allowed, *, out: torch.Tensor) -> torch.Tens
     """``qs . a^K_ij`` (``qs``: the block's queries times the scale), ``-inf`` where not allowed, into ``out``."""
     b, h, n, _ = qs_b.shape
     torch.gather(qs_b @ table_k.t(), -1, plan.index.expand(b, h, n, plan.index.shape[1]), out=out)
-    if allowed is not None:
-        out.masked_fill_(~allowed, float("-inf"))
-    return out
+    return out if allowed is None else fill_closed_(out, allowed, float("-inf"))
 
 
 def shaw_attention(q, k, v, table_k, table_v, scale: float, blocks) -> torch.Tensor:

@@ -69,7 +69,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
-from ..utils import check_divides, diagonal_sums
+from ..utils import check_divides, diagonal_sums, fill_closed_
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
 #: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs
@@ -695,7 +695,7 @@ class _OffsetRows(torch.autograd.Function):
     def forward(ctx, window, n: int, allowed):
         out = window.unfold(-1, n, 1).flip(-2)[None]
         if allowed is not None:
-            out = out.masked_fill_(~allowed, float("-inf")) if allowed.shape[0] == 1 else out.masked_fill(~allowed, float("-inf"))
+            out = fill_closed_(out, allowed, float("-inf")) if allowed.shape[0] == 1 else out.masked_fill(~allowed, float("-inf"))
         ctx.save_for_backward(allowed)
         return out
 
@@ -703,7 +703,7 @@ class _OffsetRows(torch.autograd.Function):
     def backward(ctx, grad):
         (allowed,) = ctx.saved_tensors
         if allowed is not None:
-            grad = grad.masked_fill(~allowed, 0.0)
+            grad = fill_closed_(grad.clone(), allowed, 0.0)
         return diagonal_sums(grad.sum(0) if grad.shape[0] > 1 else grad[0]), None, None
 
 
@@ -832,7 +832,7 @@ def _mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts, work=None) -
     if getattr(pos, "mask_from_parts", None) is not None:
         return pos.mask_from_parts(q, k, parts, ctx, scale, allowed, work)
     mask = pos.scores_from_parts(q, k, parts, ctx, scale=scale).float()  # a fresh tensor: filled in place
-    return mask if allowed is None else mask.masked_fill_(~allowed, float("-inf"))
+    return mask if allowed is None else fill_closed_(mask, allowed, float("-inf"))
 
 
 def _cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float) -> bool:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, on_host
-from ..utils import check_even, check_float_range
+from ..utils import check_even, check_float_range, fill_closed_
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:
@@ -145,7 +145,7 @@ class _BlockMask(torch.autograd.Function):
         bd = torch.bmm(qv, r_h.transpose(1, 2), out=_work(work, "bd", (h, b * rows, r_pad.shape[0]), q))
         mask = _shifted(bd, b, h, rows, n)  # the kernel takes the strided view as it is (rows do not overlap)
         if allowed is not None:
-            mask.masked_fill_(~allowed, float("-inf"))
+            fill_closed_(mask, allowed, float("-inf"))
         ctx.save_for_backward(r, qv, allowed)
         ctx.scale, ctx.work, ctx.shape = scale, work, (b, h, rows, n, dh)
         return mask
@@ -159,7 +159,7 @@ class _BlockMask(torch.autograd.Function):
         g_shift = _shifted(g, b, h, rows, n)
         g_shift.copy_(grad)
         if allowed is not None:
-            g_shift.masked_fill_(~allowed, 0.0)
+            fill_closed_(g_shift, allowed, 0.0)
         d_qv = torch.bmm(g, r_pad.view(-1, h, dh).permute(1, 0, 2)).mul_(scale).view(h, b, rows, dh).transpose(0, 1)
         d_r = torch.bmm(g.transpose(1, 2), qv)[:, :p].transpose(0, 1).reshape(p, h * dh)  # qv is already scaled
         return d_qv, d_r, d_qv.sum((0, 2)), None, None, None, None
