@@ -251,6 +251,12 @@ RESULT_COMMANDS = {
     "benchmarks/results/deberta_L2048/memory_again_2": "python -m benchmarks.run --only memory --schemes deberta --lengths "
                                                        "2048 --batches 1 --out "
                                                        "benchmarks/results/deberta_L2048/memory_again_2",
+    "benchmarks/results/b1_L2048": "python -m benchmarks.run --only train,memory --schemes t5,alibi --lengths 2048 "
+                                   "--batches 1 --repeats 9 --out benchmarks/results/b1_L2048",
+    "benchmarks/results/b1_L2048/again": "python -m benchmarks.run --only train,memory --schemes t5,alibi --lengths "
+                                         "2048 --batches 1 --repeats 9 --out benchmarks/results/b1_L2048/again",
+    "benchmarks/results/b1_L2048/again_2": "python -m benchmarks.run --only train,memory --schemes t5,alibi --lengths "
+                                           "2048 --batches 1 --repeats 9 --out benchmarks/results/b1_L2048/again_2",
     "benchmarks/results/t5_encoder_B1": "python -m benchmarks.run --only train,memory --schemes t5 --lengths "
                                         "512,1024,2048 --batches 1 --repeats 5 --out benchmarks/results/t5_encoder_B1",
     "benchmarks/results/xlnet_terms/t5_B1": "python -m benchmarks.run --only train,memory --schemes t5 --lengths "
@@ -338,7 +344,7 @@ BATCH_GRIDS = (
     "clipped_sides/L2048", "t5_sides", "t5_sides/L2048", "sides_B32", "sides_B8_L2048", "batch_chunks",
     "batch_chunks/B32", "batch_chunks/B8_L2048", "batch_chunks/B16_L2048", "sides_B16_L2048", "fused_B1_L512",
     "sides_B32_L2048", "t5_shaw_chunks", "t5_shaw_chunks/L2048", "t5_shaw_chunks/L512_1024", "xlnet_terms",
-    "xlnet_terms/B32", "t5_encoder_B1", "deberta_L2048",
+    "xlnet_terms/B32", "t5_encoder_B1", "deberta_L2048", "b1_L2048",
 )  # fmt: skip
 
 
