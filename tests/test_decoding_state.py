@@ -53,3 +53,60 @@ def test_decoding_without_an_end_token_gives_exactly_max_new_tokens(pe):
     a = greedy_decode(m, src, max_new_tokens=9, bos_id=1, eos_id=None)
     b = greedy_decode(m, src, max_new_tokens=9, bos_id=1, eos_id=None, use_cache=False)
     assert a.shape == (2, 10) and torch.equal(a, b)
+
+
+def _small(pe, **kw):
+    set_seed(0)
+    return build_model(pe, V, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0, **kw).eval()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_packed_weights_give_the_plain_products_and_leave_the_model_as_it_was(tie):
+    """Inside decoding.packed_weights every decoder linear layer and the output product multiply few rows by weights
+    laid out for oneDNN (the same sums, rounded in another order); more rows take the layer's own product; after
+    the block nothing of it is left on the model."""
+    from posenc_lib.models import decoding
+
+    m = _small("t5", tie_embeddings=tie)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    linears = [layer for layer in m.decoder.modules() if isinstance(layer, torch.nn.Linear)]
+    few, many = torch.randn(8, 1, 32), torch.randn(4, 30, 32)  # 8 rows; 120 > FEW_ROWS
+    with torch.no_grad():
+        plain = [layer(few) for layer in linears if layer.in_features == 32], m.logits(few)
+        with decoding.packed_weights(m, 8):
+            assert decoding._packable(m) and all("forward" in layer.__dict__ for layer in linears)
+            packed = [layer(few) for layer in linears if layer.in_features == 32], m.logits(few)
+            assert all(torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight, layer.bias))
+                       for layer in linears if layer.in_features == 32)
+    for a, b in zip(plain[0] + [plain[1]], packed[0] + [packed[1]]):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    assert not any("forward" in layer.__dict__ for layer in linears) and m._packed_logits is None
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_packed_weights_change_nothing_where_they_do_not_apply(monkeypatch):
+    """A bfloat16 model, or PACK_WEIGHTS = False: the block leaves every layer's product as it is."""
+    from posenc_lib.models import decoding
+
+    for m in (_small("none").to(torch.bfloat16), _small("none")):
+        with decoding.packed_weights(m, 8):
+            assert not any("forward" in layer.__dict__ for layer in m.modules())
+            assert getattr(m, "_packed_logits", None) is None
+        monkeypatch.setattr(decoding, "PACK_WEIGHTS", False)
+
+
+@pytest.mark.parametrize("pe", ["none", "rope", "t5", "alibi", "shaw", "xlnet", "deberta"])
+def test_cached_decoding_gives_the_same_tokens_with_packed_weights_and_without(pe, monkeypatch):
+    """greedy_decode's cached loop on CPU multiplies by packed weights; its tokens are the plain loop's and the
+    uncached decoder's."""
+    from posenc_lib.models import decoding
+
+    m = _small(pe)
+    src = torch.randint(4, V, (6, 9), generator=torch.Generator().manual_seed(7))
+    run = lambda cache: greedy_decode(m, src, max_new_tokens=20, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
+    calls = []
+    monkeypatch.setattr(decoding, "_packed_linear", lambda *a, real=decoding._packed_linear: calls.append(1) or real(*a))
+    packed, full = run(True), run(False)
+    assert decoding._packable(m) and len(calls) >= 20 * 2 * 6  # 20 steps x 2 layers x 6 products of the step's rows
+    monkeypatch.setattr(decoding, "PACK_WEIGHTS", False)
+    assert torch.equal(packed, full) and torch.equal(run(True), full)

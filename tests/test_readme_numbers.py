@@ -1292,3 +1292,29 @@ def test_readme_quotes_batch_1_at_l_2048_again():
     pairs = (("t5 1.37 -> 1.36", "t5 read 1.37 -> 1.36"), ("alibi 1.24 -> 1.21", "alibi 1.24 -> 1.21"),
              ("between 1.34 and 1.47", "between 1.34 and 1.47"), ("2-3 ms instead of 3-16 ms", "2–3 ms instead of 3–16 ms"))
     assert all(in_doc in doc and in_readme in para for in_doc, in_readme in pairs)
+
+
+def test_readme_quotes_the_decoding_runs_with_packed_weights():
+    """The README's "Packed weights in cached decoding": the two runs after the change and the one before, from their
+    JSON, and the product timings packed_weights' docstring records."""
+    from posenc_lib.models import decoding
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Packed weights in cached decoding**", 1)[1].split("**", 1)[0]
+    runs = {}
+    for name in ("decode_packed", "decode_packed/again", "decode_packed/before"):
+        doc = json.loads((RESULTS / name / "decode.json").read_text())
+        assert "AMD EPYC" in doc["machine"]["cpu_model"] and doc["machine"]["torch_threads"] == 2
+        assert doc["config"]["decode_batch"] == 8 and doc["config"]["decode_repeats"] == 5
+        runs[name] = doc["results"]["schemes"]
+        assert len(runs[name]) == 10 and all(s["identical"] for s in runs[name].values())
+    for name, words in (("decode_packed", "in the two runs"), ("decode_packed/again", "in the two runs"),
+                        ("decode_packed/before", "before")):
+        sp = [s["speedup"] for s in runs[name].values()]
+        assert f"{min(sp):.1f}–{max(sp):.1f}× ({sum(x >= 7 for x in sp)} of " in para
+        assert words in para
+    assert not any(all(s["speedup"] >= 7 for s in r.values()) for r in runs.values())  # "met ... in neither run"
+    cached = [runs[n]["none"]["cached"]["median_s"] * 1e3 for n in ("decode_packed", "decode_packed/again")]
+    assert f"`none`'s cached call alone read {cached[0]:.0f} ms and {cached[1]:.0f} ms" in para
+    doc = " ".join(decoding.packed_weights.__doc__.split())
+    assert "took 757 us instead of 2109 us" in doc and "took 757 µs instead of 2109 µs" in para

@@ -263,6 +263,11 @@ RESULT_COMMANDS = {
                                             "1024,2048 --batches 1 --repeats 5 --out benchmarks/results/xlnet_terms/t5_B1",
     "benchmarks/results/decode_compiled_epyc": "python -m benchmarks.run --only decode --decode-compile --decode-batch 8 "
                                                "--decode-repeats 5 --out benchmarks/results/decode_compiled_epyc",
+    "benchmarks/results/decode_packed": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                        "--decode-repeats 5 --out benchmarks/results/decode_packed",
+    "benchmarks/results/decode_packed/again": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                              "--decode-repeats 5 --out benchmarks/results/decode_packed/again",
+    "benchmarks/results/decode_packed/before": None,  # the same command on the library before packed weights
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",

@@ -293,6 +293,9 @@ class Seq2SeqTransformer(nn.Module):
         """
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         rows = x.shape[0] * x.shape[1]
+        packed = getattr(self, "_packed_logits", None)  # set while a decoding loop runs (decoding.packed_weights)
+        if packed is not None and rows <= FEW_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         if rows <= FEW_ROWS and on_host(x):
             return (weight @ x.reshape(rows, x.shape[2]).t()).t().view(x.shape[0], x.shape[1], weight.shape[0])
         return x @ weight.t()
