@@ -62,10 +62,10 @@ def _category(name: str, shapes, vocab: int) -> str | None:
     kernels: the fused layer norms, residual sums, activations) counts as other operators."""
     if name in ("aten::linear", "aten::matmul") or any(name.startswith(m) for m in _COMPILE_MACHINERY):
         return None  # their work is the addmm / mm / bmm they call, counted there
-    if name in ("aten::mm", "aten::addmm"):
+    if name in ("aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"):  # the last: a packed weight (decoding)
         if any(s and vocab in (s[0], s[-1]) for s in shapes if isinstance(s, list)):  # x W^T or W x^T
             return "output projection"
-        return "linear layers" if name == "aten::addmm" else "attention"
+        return "attention" if name == "aten::mm" else "linear layers"
     if any(key in name for key in _ATTENTION):
         return "attention"
     return "other operators"

@@ -127,6 +127,9 @@ def test_decode_profile_splits_a_cached_step(tmp_path):
     assert _category("aten::mm", [[vocab, 32], [32, 2]], vocab) == "output projection"  # W x^T (few rows)
     assert _category("aten::mm", [[2, 32], [32, 5]], vocab) == "attention"
     assert _category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
+    # a packed weight (greedy_decode's cached loop on CPU): the output matrix or a linear layer
+    assert _category("mkldnn::_linear_pointwise", [[2, 1, 32], [vocab, 32], [], [], [], []], vocab) == "output projection"
+    assert _category("mkldnn::_linear_pointwise", [[2, 1, 32], [64, 32], [64], [], [], []], vocab) == "linear layers"
     assert _category("aten::linear", [[2, 32], [32, 32]], vocab) is None
     assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"
     # a compiled step: the machinery around the graph stays outside operators, the graph's own kernels are operators

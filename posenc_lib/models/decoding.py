@@ -96,6 +96,8 @@ PACK_WEIGHTS = True
 
 
 def _packable(model: Seq2SeqTransformer) -> bool:
+    if not isinstance(model, Seq2SeqTransformer):  # a model of its own with decode/encode: left as it is
+        return False
     weight = model.embed.weight
     return (PACK_WEIGHTS and weight.device.type == "cpu" and weight.dtype == torch.float32
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
