@@ -106,7 +106,9 @@ def test_cached_decoding_gives_the_same_tokens_with_packed_weights_and_without(p
     run = lambda cache: greedy_decode(m, src, max_new_tokens=20, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
     calls = []
     monkeypatch.setattr(decoding, "_packed_linear", lambda *a, real=decoding._packed_linear: calls.append(1) or real(*a))
+    monkeypatch.setattr(decoding, "_packed_qkv", lambda *a, real=decoding._packed_qkv: calls.append(3) or real(*a))
     packed, full = run(True), run(False)
-    assert decoding._packable(m) and len(calls) >= 20 * 2 * 6  # 20 steps x 2 layers x 6 products of the step's rows
+    # 20 steps x 2 layers x 6 products of the step's rows, self-attention's q, k and v in one of them
+    assert decoding._packable(m) and calls.count(1) >= 20 * 2 * 5 and calls.count(3) >= 20 * 2
     monkeypatch.setattr(decoding, "PACK_WEIGHTS", False)
     assert torch.equal(packed, full) and torch.equal(run(True), full)

@@ -100,8 +100,13 @@ def _one_query(q, k, pos_q, pos_k, index):
     Products with all ``2k`` buckets would multiply every key by every bucket; here each key meets only its
     own bucket's position query (``Lk`` dot products per head instead of ``2k * Lk``).
     """
-    c2p = (q @ pos_k.transpose(-1, -2)).index_select(-1, index)  # (B, H, 1, Lk): q . pos_k[index_j]
-    p2c = torch.einsum("bhjd,hjd->bhj", k, pos_q.index_select(1, index))  # k_j . pos_q[index_j]
+    b, h, _, d = q.shape
+    # q . pos_k[index_j]: per head, every sequence's query against the head's buckets (q @ pos_k^T would first
+    # copy pos_k once for every sequence, to broadcast it over the batch)
+    c2p = torch.bmm(q.transpose(0, 1).reshape(h, b, d), pos_k.transpose(-1, -2))  # (H, B, 2k)
+    c2p = c2p.transpose(0, 1)[:, :, None, :].index_select(-1, index)  # (B, H, 1, Lk)
+    # k_j . pos_q[index_j], as a product and a sum over d: einsum would lay out a transposed copy of every key first
+    p2c = (k * pos_q.index_select(1, index)).sum(-1)
     return c2p.add_(p2c[:, :, None, :])
 
 

@@ -236,10 +236,24 @@ class ShawRelative(PositionScheme):
             plans[start, end, k_end] = shaw_plan(index, 2 * self.max_relative_position + 1)
         return plans[start, end, k_end]
 
+    def prepare_step(self, q_pos, k_pos, state):
+        """A decoding step of one query needs only its row of the index (:meth:`scores` and :meth:`values` read one
+        bucket per key), not the plan :meth:`prepare` builds for many rows."""
+        if q_pos.shape[0] != 1:
+            return super().prepare_step(q_pos, k_pos, state)
+        index = shaw_index(q_pos, k_pos, self.max_relative_position)
+        return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "step_state": state}
+
     def scores(self, q, k, ctx, layer, attn):
+        if "plan" not in ctx and q.shape[2] == 1:  # one query row: q . a^K of each key's bucket
+            return (q @ self.table_k[layer].to(q.dtype).t()).index_select(-1, ctx["index"][0])
         return shaw_key_scores(q, self.table_k[layer].to(q.dtype), ctx["index"], ctx.get("plan"))
 
     def values(self, probs, ctx, layer):
+        if "plan" not in ctx and probs.shape[2] == 1:  # one query row: its attention mass per bucket, times a^V
+            b, h, _, _ = probs.shape
+            mass = probs.new_zeros(b, h, 1, self.table_v.shape[1]).index_add_(-1, ctx["index"][0], probs)
+            return mass @ self.table_v[layer].to(probs.dtype)
         return shaw_value_term(probs, self.table_v[layer], ctx["index"], ctx.get("plan"))
 
     def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
