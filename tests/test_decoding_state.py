@@ -112,3 +112,88 @@ def test_cached_decoding_gives_the_same_tokens_with_packed_weights_and_without(p
     assert decoding._packable(m) and calls.count(1) >= 20 * 2 * 5 and calls.count(3) >= 20 * 2
     monkeypatch.setattr(decoding, "PACK_WEIGHTS", False)
     assert torch.equal(packed, full) and torch.equal(run(True), full)
+
+
+def test_decoded_ids_and_tables_grown_while_decoding_serve_training_afterwards():
+    """greedy_decode's loop runs in inference mode; what it returns, and a rotary table it grew on the model, are used
+    in a training step afterwards (an inference tensor saved for backward would be an error)."""
+    m = _small("rope")
+    src = torch.randint(4, V, (3, 5), generator=torch.Generator().manual_seed(8))
+    ys = greedy_decode(m, src, max_new_tokens=70, bos_id=1, eos_id=None)  # > 64 positions: the table grows
+    assert not ys.is_inference() and ys.shape == (3, 71)
+    m.train()
+    loss = m.loss(src, ys[:, :-1], ys[:, 1:])
+    loss.backward()
+    assert all(p.grad is not None for p in m.decoder.parameters())
+
+
+def test_packed_copies_are_kept_between_loops_and_made_again_when_a_weight_changes():
+    """The laid-out weights of a model survive its decoding loop, are reused by the next one with the same rows, and
+    are made again once a weight changes in place (an optimiser's step) or the rows differ; the tokens follow the
+    changed weights (equal to the uncached decoder's)."""
+    from posenc_lib.models import decoding
+
+    m = _small("t5")
+    src = torch.randint(4, V, (4, 6), generator=torch.Generator().manual_seed(9))
+    run = lambda cache=True, s=src: greedy_decode(m, s, max_new_tokens=12, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
+    run()
+    first = decoding._PACKED[m]
+    run()
+    assert decoding._PACKED[m] is first  # reused
+    with torch.no_grad():
+        m.decoder[1].ff[0].weight.mul_(3.0)  # in place, as an optimiser steps
+    after = run()
+    assert decoding._PACKED[m] is not first and torch.equal(after, run(False))
+    kept = decoding._PACKED[m]
+    run(True, src[:3])  # another number of rows: laid out for 3
+    assert decoding._PACKED[m] is not kept and decoding._PACKED[m].rows == 3
+    decoding.release_packed_weights(m)
+    assert m not in decoding._PACKED
+
+
+def test_self_attention_projects_q_k_v_in_one_product_inside_a_decoding_loop():
+    """While the packed weights are in force a decoder self-attention layer computes its queries, keys and values in
+    one product (``step_qkv``), the three projections' sums; afterwards it is gone."""
+    from posenc_lib.models import decoding
+
+    m = _small("none")
+    attn = m.decoder[0].self_attn
+    x = torch.randn(8, 1, 32)
+    with torch.no_grad():
+        plain = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], -1)
+        with decoding.packed_weights(m, 8):
+            fused = attn.step_qkv(x)
+            assert attn.step_qkv(torch.randn(4, 30, 32)) is None  # more rows than a step: the three products
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    assert attn.step_qkv is None and "step_qkv" not in attn.__dict__
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_cached_cross_attention_step_equals_the_fused_kernel(padded):
+    """A cached step's cross-attention (two batched products against keys transposed once) gives the fused kernel's
+    output, with a padded source too, and a row whose every source token is padding gets zeros as the kernel gives;
+    after a reorder of the cache (beam search) the rows follow."""
+    from posenc_lib.attention.layer import MultiHeadAttention
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4).eval()
+    memory, x = torch.randn(3, 7, 32), torch.randn(3, 1, 32)
+    pad = None
+    if padded:
+        pad = torch.zeros(3, 7, dtype=torch.bool)
+        pad[0, 4:] = True
+        pad[2, :] = True  # nothing to see
+    with torch.no_grad():
+        want = attn(x, memory, key_padding_mask=pad)  # no cache: the fused kernel
+        cache = {}
+        got = [attn(x, memory, key_padding_mask=pad, cache=cache) for _ in range(2)]  # the first fills the cache
+        assert "k_t" in cache and ("pad_bias" in cache) == padded
+        torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[1], want, atol=1e-5, rtol=1e-5)
+        if padded:
+            assert torch.equal(attn.out_proj(torch.zeros(1, 1, 32)), got[1][2:3])  # zeros through the output layer
+        order = torch.tensor([2, 0, 0, 1])
+        for key, value in list(cache.items()):
+            cache[key] = value.index_select(0, order)
+        again = attn(x[order], memory[order], key_padding_mask=None if pad is None else pad[order], cache=cache)
+    torch.testing.assert_close(again, want[order], atol=1e-5, rtol=1e-5)
