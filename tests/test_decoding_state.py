@@ -61,12 +61,13 @@ def _small(pe, **kw):
 
 
 @pytest.mark.parametrize("tie", [True, False])
-def test_packed_weights_give_the_plain_products_and_leave_the_model_as_it_was(tie):
+def test_packed_weights_give_the_plain_products_and_leave_the_model_as_it_was(tie, monkeypatch):
     """Inside decoding.packed_weights every decoder linear layer and the output product multiply few rows by weights
     laid out for oneDNN (the same sums, rounded in another order); more rows take the layer's own product; after
     the block nothing of it is left on the model."""
     from posenc_lib.models import decoding
 
+    monkeypatch.setattr(decoding, "PACK_MIN_ELEMENTS", 0)  # the small model's weights are packed too
     m = _small("t5", tie_embeddings=tie)
     before = {k: v.clone() for k, v in m.state_dict().items()}
     linears = [layer for layer in m.decoder.modules() if isinstance(layer, torch.nn.Linear)]
@@ -101,6 +102,7 @@ def test_cached_decoding_gives_the_same_tokens_with_packed_weights_and_without(p
     uncached decoder's."""
     from posenc_lib.models import decoding
 
+    monkeypatch.setattr(decoding, "PACK_MIN_ELEMENTS", 0)  # the small model's weights are packed too
     m = _small(pe)
     src = torch.randint(4, V, (6, 9), generator=torch.Generator().manual_seed(7))
     run = lambda cache: greedy_decode(m, src, max_new_tokens=20, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
@@ -127,12 +129,13 @@ def test_decoded_ids_and_tables_grown_while_decoding_serve_training_afterwards()
     assert all(p.grad is not None for p in m.decoder.parameters())
 
 
-def test_packed_copies_are_kept_between_loops_and_made_again_when_a_weight_changes():
+def test_packed_copies_are_kept_between_loops_and_made_again_when_a_weight_changes(monkeypatch):
     """The laid-out weights of a model survive its decoding loop, are reused by the next one with the same rows, and
     are made again once a weight changes in place (an optimiser's step) or the rows differ; the tokens follow the
     changed weights (equal to the uncached decoder's)."""
     from posenc_lib.models import decoding
 
+    monkeypatch.setattr(decoding, "PACK_MIN_ELEMENTS", 0)
     m = _small("t5")
     src = torch.randint(4, V, (4, 6), generator=torch.Generator().manual_seed(9))
     run = lambda cache=True, s=src: greedy_decode(m, s, max_new_tokens=12, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
@@ -151,11 +154,12 @@ def test_packed_copies_are_kept_between_loops_and_made_again_when_a_weight_chang
     assert m not in decoding._PACKED
 
 
-def test_self_attention_projects_q_k_v_in_one_product_inside_a_decoding_loop():
+def test_self_attention_projects_q_k_v_in_one_product_inside_a_decoding_loop(monkeypatch):
     """While the packed weights are in force a decoder self-attention layer computes its queries, keys and values in
     one product (``step_qkv``), the three projections' sums; afterwards it is gone."""
     from posenc_lib.models import decoding
 
+    monkeypatch.setattr(decoding, "PACK_MIN_ELEMENTS", 0)
     m = _small("none")
     attn = m.decoder[0].self_attn
     x = torch.randn(8, 1, 32)
@@ -197,3 +201,17 @@ def test_cached_cross_attention_step_equals_the_fused_kernel(padded):
             cache[key] = value.index_select(0, order)
         again = attn(x[order], memory[order], key_padding_mask=None if pad is None else pad[order], cache=cache)
     torch.testing.assert_close(again, want[order], atol=1e-5, rtol=1e-5)
+
+
+def test_only_weights_of_at_least_pack_min_elements_are_packed():
+    """The decoding benchmark's model: its 256 x 256 projections multiply as they are (the plain product is as fast
+    for a step's rows), the q/k/v triple (768 x 256), the feed-forward weights and the 8000-word output matrix packed."""
+    from posenc_lib.models import decoding
+
+    set_seed(0)
+    m = build_model("none", 8000, d_model=256, n_heads=8, num_layers=2, dim_feedforward=1024, dropout=0.0).eval()
+    with decoding.packed_weights(m, 8):
+        patched = {tuple(layer.weight.shape) for layer in m.decoder.modules()
+                   if isinstance(layer, torch.nn.Linear) and "forward" in layer.__dict__}
+        assert patched == {(1024, 256), (256, 1024)} and m._packed_logits is not None
+        assert all(block.self_attn.step_qkv is not None and block.cross_attn.step_qkv is None for block in m.decoder)

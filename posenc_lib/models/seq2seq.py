@@ -50,6 +50,16 @@ class FeedForward(nn.Sequential):
             nn.Linear(d_model, dim_feedforward), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim_feedforward, d_model)
         )
 
+    def forward(self, x):
+        if self.training and self[2].p > 0:
+            return super().forward(x)
+        return self[3](torch.relu(self[0](x)))  # no dropout to apply: two calls fewer (a decoding step makes many)
+
+
+def _dropout(drop: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """``drop(x)``, without the call where it changes nothing (evaluation, or a rate of 0)."""
+    return drop(x) if drop.training and drop.p > 0 else x
+
 
 class EncoderLayer(nn.Module):
     def __init__(self, d_model, n_heads, dim_feedforward, dropout, norm_first):
@@ -90,13 +100,14 @@ class DecoderLayer(nn.Module):
             c = cache["cross"] if cache is not None else None
             return self.cross_attn(h, memory, key_padding_mask=mem_pad_mask, cache=c)
 
+        drop = self.drop
         if self.norm_first:
-            x = x + self.drop(sa(self.norm1(x)))
-            x = x + self.drop(ca(self.norm2(x)))
-            return x + self.drop(self.ff(self.norm3(x)))
-        x = self.norm1(x + self.drop(sa(x)))
-        x = self.norm2(x + self.drop(ca(x)))
-        return self.norm3(x + self.drop(self.ff(x)))
+            x = x + _dropout(drop, sa(self.norm1(x)))
+            x = x + _dropout(drop, ca(self.norm2(x)))
+            return x + _dropout(drop, self.ff(self.norm3(x)))
+        x = self.norm1(x + _dropout(drop, sa(x)))
+        x = self.norm2(x + _dropout(drop, ca(x)))
+        return self.norm3(x + _dropout(drop, self.ff(x)))
 
 
 class DecoderCache:
@@ -220,7 +231,7 @@ class Seq2SeqTransformer(nn.Module):
         code = scheme.embed(positions)
         if code is not None:
             x = x + code.to(x.dtype)
-        return self.drop(x)
+        return _dropout(self.drop, x)
 
     def encode(self, src: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, S)`` int64 -> memory ``(B, S, d_model)``."""
