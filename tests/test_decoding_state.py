@@ -215,3 +215,26 @@ def test_only_weights_of_at_least_pack_min_elements_are_packed():
                    if isinstance(layer, torch.nn.Linear) and "forward" in layer.__dict__}
         assert patched == {(1024, 256), (256, 1024)} and m._packed_logits is not None
         assert all(block.self_attn.step_qkv is not None and block.cross_attn.step_qkv is None for block in m.decoder)
+
+
+@pytest.mark.parametrize("pe", ["none", "rope", "t5", "alibi", "shaw", "xlnet", "deberta", "sinusoidal"])
+def test_the_self_attention_step_gives_the_full_forward_pass(pe, monkeypatch):
+    """attention/step.py's self-attention step (taken by every cached step of one query) gives the logits of the
+    general forward pass, which a step takes once the step is switched off; and it is taken."""
+    from posenc_lib.attention import layer as layer_module, step
+
+    m = _small(pe)
+    src = torch.randint(4, V, (3, 6), generator=torch.Generator().manual_seed(11))
+    tgt = torch.randint(4, V, (3, 9), generator=torch.Generator().manual_seed(12))
+
+    def steps():
+        with torch.no_grad():
+            memory, cache = m.encode(src), m.new_cache()
+            return torch.cat([m.decode(tgt[:, t : t + 1], memory, cache=cache) for t in range(tgt.shape[1])], 1)
+
+    taken = []
+    monkeypatch.setattr(layer_module, "self_attention_step", lambda *a: taken.append(1) or step.self_attention_step(*a))
+    fast = steps()
+    assert len(taken) == 9 * 2  # every step, both layers
+    monkeypatch.setattr(layer_module, "takes_self_step", lambda *a: False)
+    torch.testing.assert_close(fast, steps(), atol=1e-6, rtol=1e-5)

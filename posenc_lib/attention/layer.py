@@ -69,6 +69,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
+from .step import append_to_cache, cross_attention, cross_step, self_attention_step, takes_self_step
 from ..utils import check_divides, diagonal_sums, fill_closed_
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
@@ -396,6 +397,10 @@ class MultiHeadAttention(nn.Module):
         """
         b, q_len, _ = x.shape
         want_weights = need_weights or self.keep_weights
+        if kv is None and cache is not None and not want_weights and causal and (
+                takes_self_step(self, x, key_padding_mask, pos, cache, BLOCK_ELEMENTS)):
+            path = choose_attention_path(pos, q_len=1, k_len=2, causal=True, padded=False)
+            return self_attention_step(self, x, pos, ctx, layer, cache, path)  # a decoding step (attention/step.py)
         qkv = self.step_qkv(x) if kv is None and self.step_qkv is not None else None
         if qkv is not None:  # a cached decoding step: q, k and v from one product (models.decoding.packed_weights)
             q, k, v = (self.split(t) for t in qkv.chunk(3, dim=-1))
@@ -407,7 +412,7 @@ class MultiHeadAttention(nn.Module):
             if pos is not None:
                 q, k = pos.rotate(q, k, ctx, layer)
             if cache is not None:
-                k, v = _append_to_cache(cache, k, v)
+                k, v = append_to_cache(cache, k, v)
         else:  # cross-attention: no positions
             if cache is not None and "k" in cache:
                 k, v = cache["k"], cache["v"]
@@ -416,8 +421,8 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
         k_len = k.shape[2]
-        if kv is not None and cache is not None and not want_weights and _cached_cross_step(q):
-            out = _cached_cross_attention(q, cache, key_padding_mask, 1.0 / math.sqrt(self.head_dim))
+        if kv is not None and cache is not None and not want_weights and cross_step(q):
+            out = cross_attention(q, cache, key_padding_mask, 1.0 / math.sqrt(self.head_dim))
             return self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
 
         path = choose_attention_path(
@@ -440,38 +445,7 @@ class MultiHeadAttention(nn.Module):
 
         def attend(q, allowed, bias, ctx):
             """Attention of the queries ``q`` (all, or one block of them) to every key."""
-            if path.fused:
-                mask = allowed
-                if bias is not None:
-                    mask = bias.to(q.dtype)  # built in float32; cast only where it enters the kernel
-                    if allowed is not None:
-                        mask = mask.masked_fill(~allowed, float("-inf"))
-                if bias is not None and _flush_pays(q, k.shape[2], p_drop):  # a bias: denormals flushed
-                    if not torch.is_grad_enabled():  # no backward pass: the kernel itself
-                        with cpu_flash.flush_denormals():
-                            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale), None
-                    if not mask.requires_grad:  # the same kernel, flushing in both passes
-                        mask = mask.expand(-1 if mask.shape[0] == b else 1, -1, q.shape[2], k.shape[2])
-                        return cpu_flash.flash_attention(q, k, v, mask, scale), None
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=path.is_causal, scale=scale
-                )
-                return out, None
-            extra = pos.scores(q, k, ctx, layer, self) if pos is not None else None
-            s = q @ k.transpose(-1, -2)  # a fresh tensor: the in-place steps below save allocations
-            if extra is not None:
-                s.add_(extra)
-            s.mul_(scale)
-            if bias is not None:
-                s = s.float().add_(bias)  # keep the float32 bias exact in a low-precision forward
-            if allowed is not None:
-                s.masked_fill_(~allowed, float("-inf"))
-            probs = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-            probs_d = F.dropout(probs, p_drop) if p_drop else probs
-            out = probs_d @ v
-            if pos is not None and pos.adds_values:
-                out = out + pos.values(probs_d, ctx, layer)
-            return out, probs
+            return self._attend(q, k, v, allowed, bias, ctx, pos, layer, path, scale, p_drop)
 
         def attend_flash(q, allowed, bias, ctx, blocks=None):
             """As ``attend``, in the fused CPU kernel: score terms, bias and masks enter as one float mask.
@@ -553,6 +527,43 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = probs.detach()
         return (out, probs) if need_weights else out
 
+    def _attend(self, q, k, v, allowed, bias, ctx, pos, layer: int, path: AttentionPath, scale: float, p_drop: float):
+        """Attention of the queries ``q`` (all, or one block of them) to every key: the fused kernel with the bias
+        and masks as one float mask where ``path`` says so, else the explicit softmax with the scheme's terms.
+        Returns ``(out, weights)`` (``None`` from the kernel)."""
+        if path.fused:
+            mask = allowed
+            if bias is not None:
+                mask = bias.to(q.dtype)  # built in float32; cast only where it enters the kernel
+                if allowed is not None:
+                    mask = mask.masked_fill(~allowed, float("-inf"))
+            if bias is not None and _flush_pays(q, k.shape[2], p_drop):  # a bias: denormals flushed
+                if not torch.is_grad_enabled():  # no backward pass: the kernel itself
+                    with cpu_flash.flush_denormals():
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale), None
+                if not mask.requires_grad:  # the same kernel, flushing in both passes
+                    mask = mask.expand(-1 if mask.shape[0] == q.shape[0] else 1, -1, q.shape[2], k.shape[2])
+                    return cpu_flash.flash_attention(q, k, v, mask, scale), None
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p_drop, is_causal=path.is_causal, scale=scale
+            )
+            return out, None
+        extra = pos.scores(q, k, ctx, layer, self) if pos is not None else None
+        s = q @ k.transpose(-1, -2)  # a fresh tensor: the in-place steps below save allocations
+        if extra is not None:
+            s.add_(extra)
+        s.mul_(scale)
+        if bias is not None:
+            s = s.float().add_(bias)  # keep the float32 bias exact in a low-precision forward
+        if allowed is not None:
+            s.masked_fill_(~allowed, float("-inf"))
+        probs = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        probs_d = F.dropout(probs, p_drop) if p_drop else probs
+        out = probs_d @ v
+        if pos is not None and pos.adds_values:
+            out = out + pos.values(probs_d, ctx, layer)
+        return out, probs
+
     def _query_blocks(self, q, k_len, path, pos, ctx, bias, p_drop=0.0) -> list[tuple[int, int]] | None:
         """Query ranges for attention in blocks (see :data:`BLOCK_ELEMENTS`), or ``None`` for one piece.
 
@@ -581,67 +592,6 @@ class MultiHeadAttention(nn.Module):
                     rows = max(1, BLOCK_ELEMENTS // (_batch_chunk(q, _fused_rows(pos), k_len) * h * k_len))
                 rows = min(rows, _fused_rows(pos))
         return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
-
-
-def _cached_cross_step(q: torch.Tensor) -> bool:
-    """A cross-attention call of one query per sequence against cached keys, float32 on CPU, no gradient: it takes
-    :func:`_cached_cross_attention`."""
-    return q.shape[2] == 1 and q.dtype == torch.float32 and q.device.type == "cpu" and not torch.is_grad_enabled()
-
-
-def _cached_cross_attention(q: torch.Tensor, cache: dict, key_padding_mask: torch.Tensor | None, scale: float):
-    """Cross-attention of one query row per sequence, ``q: (batch, heads, 1, head_dim)``, to the memory's keys and
-    values in ``cache`` as two batched products: ``softmax(scale * q K^T + pad) V``.
-
-    At the first step the cache gains the keys transposed, ``"k_t": (batch, heads, head_dim, src_len)``, the values
-    contiguous, and, for a padded source, an additive ``-inf`` at its pads; later steps read them (all batch-first,
-    so :meth:`~posenc_lib.models.seq2seq.DecoderCache.reorder` keeps their rows).  The memory and its padding are
-    those of the first step, as for the cached keys themselves.  On this CPU the fused kernel took about 1.6x as long
-    for this shape inside a decoding step (batch 8, 8 heads, 64 source tokens: README, "Leaner cached steps").  A row
-    whose every key is padding gets zeros, as the fused kernel gives it."""
-    if "k_t" not in cache:
-        k, v = cache["k"], cache["v"]
-        cache["k_t"], cache["v_c"] = k.transpose(-1, -2).contiguous(), v.contiguous()
-        if key_padding_mask is not None:
-            pads = key_padding_mask.bool()[:, None, None, :].expand(-1, k.shape[1], 1, -1)
-            cache["pad_bias"] = torch.zeros(pads.shape, dtype=q.dtype, device=q.device).masked_fill_(pads, float("-inf"))
-    k_t, v_c, pad = cache["k_t"], cache["v_c"], cache.get("pad_bias")
-    b, h, _, d = q.shape
-    s = torch.bmm(q.reshape(b * h, 1, d), k_t.view(b * h, d, -1)).mul_(scale)
-    if pad is not None:
-        s.add_(pad.view(b * h, 1, -1))
-    p = torch.softmax(s, dim=-1)
-    if pad is not None:
-        p = p.nan_to_num_(0.0)  # a row with nothing to see: zeros
-    return torch.bmm(p, v_c.view(b * h, -1, d)).view(b, h, 1, d)
-
-
-def _append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write the new keys/values into the layer's preallocated buffers; return all keys/values so far.
-
-    The buffers (``k_buf``, ``v_buf``: ``(batch, heads, capacity, head_dim)``) double when full, so a
-    decoding step copies only its own row, not every earlier key (as growing by ``torch.cat`` would).
-    Earlier keys/values handed in as ``cache["k"]``, ``cache["v"]`` are taken over as the buffers' start.
-    ``cache["capacity"]`` (set by :class:`~posenc_lib.models.seq2seq.DecoderCache` when the length is known):
-    the buffers are made at least that long.
-    """
-    if "k" in cache and "k_buf" not in cache:  # keys/values handed in as plain tensors: adopt them
-        cache["k_buf"], cache["v_buf"] = cache.pop("k"), cache.pop("v")
-        cache["len"] = cache["k_buf"].shape[2]
-    n, new = cache.get("len", 0), k.shape[2]
-    buf = cache.get("k_buf")
-    if buf is None or n + new > buf.shape[2] or buf.shape[:2] != k.shape[:2] or buf.dtype != k.dtype:
-        cap = max(2 * (n + new), 16, cache.get("capacity", 0))
-        k_buf = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
-        v_buf = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
-        if n:
-            k_buf[:, :, :n] = cache["k_buf"][:, :, :n]
-            v_buf[:, :, :n] = cache["v_buf"][:, :, :n]
-        cache["k_buf"], cache["v_buf"] = k_buf, v_buf
-    cache["k_buf"][:, :, n : n + new] = k
-    cache["v_buf"][:, :, n : n + new] = v
-    cache["len"] = n + new
-    return cache["k_buf"][:, :, : n + new], cache["v_buf"][:, :, : n + new]
 
 
 def _offset_bias_blocks(pos, ctx, q: torch.Tensor, k_len: int, path: AttentionPath, p_drop: float):
