@@ -72,13 +72,14 @@ def cross_attention(q: torch.Tensor, cache: dict, key_padding_mask: torch.Tensor
             cache["pad_bias"] = torch.zeros(pads.shape, dtype=q.dtype, device=q.device).masked_fill_(pads, float("-inf"))
     k_t, v_c, pad = cache["k_t"], cache["v_c"], cache.get("pad_bias")
     b, h, _, d = q.shape
-    s = torch.bmm(q.reshape(b * h, 1, d), k_t.view(b * h, d, -1)).mul_(scale)
+    n = k_t.shape[-1]  # source length (sizes written out: a batch may be empty)
+    s = torch.bmm(q.reshape(b * h, 1, d), k_t.view(b * h, d, n)).mul_(scale)
     if pad is not None:
-        s.add_(pad.view(b * h, 1, -1))
+        s.add_(pad.view(b * h, 1, n))
     p = torch.softmax(s, dim=-1)
     if pad is not None:
         p = p.nan_to_num_(0.0)  # a row with nothing to see: zeros
-    return torch.bmm(p, v_c.view(b * h, -1, d)).view(b, h, 1, d)
+    return torch.bmm(p, v_c.view(b * h, n, d)).view(b, h, 1, d)
 
 
 def append_to_cache(cache: dict, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
