@@ -238,3 +238,18 @@ def test_the_self_attention_step_gives_the_full_forward_pass(pe, monkeypatch):
     assert len(taken) == 9 * 2  # every step, both layers
     monkeypatch.setattr(layer_module, "takes_self_step", lambda *a: False)
     torch.testing.assert_close(fast, steps(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pe", ["t5", "deberta"])
+def test_a_one_query_step_reads_its_row_of_the_stack_context_from_a_kept_table(pe):
+    """T5's bias and DeBERTa's bucket index of a decoding step come from tables of every distance kept in the cache's
+    state (made longer when a step needs it): equal to the row :meth:`prepare` builds, at every step past a regrowth."""
+    m = _small(pe)
+    scheme, state = m.dec_pos, {}
+    key = "bias" if pe == "t5" else "index"
+    for t in (0, 1, 5, 31, 32, 40, 100):
+        q_pos, k_pos = torch.tensor([t]), torch.arange(t + 1)
+        with torch.no_grad():
+            got, want = scheme.prepare_step(q_pos, k_pos, state)[key], scheme.prepare(q_pos, k_pos)[key]
+        assert torch.equal(got, want), t
+    assert state["t5_bias" if pe == "t5" else "deberta_index"].shape[0] >= 101

@@ -172,6 +172,22 @@ class DebertaDisentangled(PositionScheme):
         rel = self.rel_norm(self.rel_embeddings.weight)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "rel": rel, "ends_cache": {}}
 
+    def prepare_step(self, q_pos, k_pos, state):
+        """A decoding step of one query: its row of the index read from a table of every distance's bucket, kept in
+        ``state`` (the query minus each key, ``0, 1, ...``; made once, longer when a step needs it), instead of
+        bucketing the distances anew; the layer-normed table of relative embeddings is made only when a layer first
+        projects it (:meth:`scores` keeps the projections)."""
+        if q_pos.shape[0] != 1:
+            return super().prepare_step(q_pos, k_pos, state)
+        table, k_len = state.get("deberta_index"), k_pos.shape[0]
+        if table is None or table.shape[0] < k_len:
+            n = max(2 * k_len, 32, state.get("capacity") or 0)
+            distances = torch.arange(n, device=q_pos.device)
+            table = state["deberta_index"] = deberta_index(
+                distances, distances[:1], self.position_buckets, self.position_buckets, self.max_relative_positions
+            )[:, 0]
+        return {"q_pos": q_pos, "k_pos": k_pos, "index": table[q_pos - k_pos][None], "step_state": state}
+
     def query_slice(self, ctx, start, end):
         return {**ctx, "q_pos": ctx["q_pos"][start:end], "index": ctx["index"][start:end]}
 
@@ -210,7 +226,7 @@ class DebertaDisentangled(PositionScheme):
 
     def score_parts(self, q, ctx, layer, attn):
         """What the score terms are built from: the relative embeddings through this layer's q and k projections."""
-        rel = ctx["rel"].to(q.dtype)
+        rel = (ctx["rel"] if "rel" in ctx else self.rel_norm(self.rel_embeddings.weight)).to(q.dtype)
         h, dh = self.n_heads, self.head_dim
         pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
         pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)

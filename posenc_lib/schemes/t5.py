@@ -132,6 +132,20 @@ class T5Bias(PositionScheme):
             return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}
         return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
 
+    def prepare_step(self, q_pos, k_pos, state):
+        """A decoding step of one query: its row of the bias read from a table of each distance's value, kept in
+        ``state`` (the values of distances ``0, 1, ...`` back, looked up once and longer when a step needs it):
+        the same float32 values as :meth:`compute_bias`, without bucketing the distances at every step."""
+        if q_pos.shape[0] != 1 or not self.causal:
+            return super().prepare_step(q_pos, k_pos, state)
+        table, k_len = state.get("t5_bias"), k_pos.shape[0]
+        if table is None or table.shape[0] < k_len:
+            n = max(2 * k_len, 32, state.get("capacity") or 0)
+            back = torch.arange(n, device=q_pos.device)  # a query d positions after key 0
+            table = state["t5_bias"] = self.relative_attention_bias(self.buckets(back, back[:1])[:, 0]).float()
+        bias = table[q_pos - k_pos].t()[None, :, None, :]  # (1, heads, 1, k_len)
+        return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias, "step_state": state}
+
     def bias(self, ctx, layer):
         if "bias" not in ctx:  # built once, shared by the stack's layers (the context is the stack's)
             ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
