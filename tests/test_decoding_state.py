@@ -253,3 +253,23 @@ def test_a_one_query_step_reads_its_row_of_the_stack_context_from_a_kept_table(p
             got, want = scheme.prepare_step(q_pos, k_pos, state)[key], scheme.prepare(q_pos, k_pos)[key]
         assert torch.equal(got, want), t
     assert state["t5_bias" if pe == "t5" else "deberta_index"].shape[0] >= 101
+
+
+def test_decoder_layer_step_is_its_forward_pass():
+    """DecoderLayer.step (a cached step in evaluation) computes forward's operations: the same output, to the bit,
+    for the same cache state."""
+    m = _small("t5")
+    src = torch.randint(4, V, (3, 6), generator=torch.Generator().manual_seed(13))
+    tok = torch.randint(4, V, (3, 1), generator=torch.Generator().manual_seed(14))
+    with torch.no_grad():
+        memory = m.encode(src)
+        q_pos, k_pos = torch.tensor([0]), torch.tensor([0])
+        x = m._embed(m.tgt_embed, tok, m.dec_pos, q_pos)
+        outs = []
+        for run in ("step", "forward"):
+            cache = m.new_cache()
+            ctx = m.dec_pos.prepare_step(q_pos, k_pos, cache.scheme_state)
+            layer = m.decoder[0]
+            outs.append(layer.step(x, memory, None, m.dec_pos, ctx, 0, cache.layers[0]) if run == "step"
+                        else layer(x, memory, None, None, m.dec_pos, ctx, 0, cache.layers[0]))
+    assert torch.equal(outs[0], outs[1])
