@@ -1318,3 +1318,47 @@ def test_readme_quotes_the_decoding_runs_with_packed_weights():
     assert f"`none`'s cached call alone read {cached[0]:.0f} ms and {cached[1]:.0f} ms" in para
     doc = " ".join(decoding.packed_weights.__doc__.split())
     assert "took 757 us instead of 2109 us" in doc and "took 757 µs instead of 2109 µs" in para
+
+
+def test_readme_quotes_the_decoding_runs_after_the_leaner_steps():
+    """The README's "Leaner cached steps": the three runs after the change and the one before, from their JSON (ranges,
+    schemes at 7x, the largest move of one scheme, none's cached calls, the cached calls' share of before), and the
+    figures the code's docstrings record."""
+    import statistics
+
+    from posenc_lib.attention import step
+    from posenc_lib.models import decoding, seq2seq
+
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    para = text.split("**Leaner cached steps**", 1)[1].split("**", 1)[0]
+    names = ("decode_lean", "decode_lean/again", "decode_lean/again_2", "decode_lean/before")
+    runs = {}
+    for name in names:
+        doc = json.loads((RESULTS / name / "decode.json").read_text())
+        assert "AMD EPYC" in doc["machine"]["cpu_model"] and doc["machine"]["torch_threads"] == 2
+        assert doc["config"]["decode_batch"] == 8 and doc["config"]["decode_repeats"] == 5
+        runs[name] = doc["results"]["schemes"]
+        assert len(runs[name]) == 10 and all(s["identical"] for s in runs[name].values())
+    for name in names:
+        sp = [s["speedup"] for s in runs[name].values()]
+        assert f"{min(sp):.1f}–{max(sp):.1f}× ({sum(x >= 7 for x in sp)} of " in para
+    after = names[:3]
+    assert not any(all(s["speedup"] >= 7 for s in runs[n].values()) for n in after)  # "no run has all ten at once"
+    assert all(max(runs[n][pe]["speedup"] for n in after) >= 7 for pe in runs[after[0]])  # each reached 7x once
+    moves = {pe: (min(v), max(v)) for pe in runs[after[0]] if (v := [runs[n][pe]["speedup"] for n in after])}
+    worst = max(moves, key=lambda pe: moves[pe][1] - moves[pe][0])
+    lo, hi = moves[worst]
+    assert f"up to {hi - lo:.1f} between runs (Shaw {lo:.1f}–{hi:.1f})" in para and worst == "shaw"
+    cached = [round(runs[n]["none"]["cached"]["median_s"] * 1e3) for n in after]
+    assert f"`none`'s cached call read {cached[0]}, {cached[1]} and {cached[2]} ms" in para
+    share = [statistics.median(runs[n][pe]["cached"]["median_s"] / runs["decode_lean/before"][pe]["cached"]["median_s"]
+                               for pe in runs[n]) for n in after]
+    assert f"{min(share):.2f}–{max(share):.2f} of its time before" in para
+    assert "The 7× goal is still not met" in para
+    # the figures the code records
+    assert "about 1.6x as long" in " ".join(step.cross_attention.__doc__.split()) and "about 1.6x as long" in para
+    assert "about 9% less time" in " ".join(decoding.__doc__.split()) + " ".join(
+        (ROOT / "posenc_lib/models/decoding.py").read_text().split()) and "about 9% less time" in para
+    assert "about 10 ms" in " ".join(decoding.packed_weights.__doc__.split()) and "about 10 ms" in para
+    assert decoding.PACK_MIN_ELEMENTS > 256 * 256 and "256 × 256 projections as they are" in para
+    assert hasattr(seq2seq.DecoderLayer, "step") and "`DecoderLayer.step`" in para

@@ -268,6 +268,13 @@ RESULT_COMMANDS = {
     "benchmarks/results/decode_packed/again": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
                                               "--decode-repeats 5 --out benchmarks/results/decode_packed/again",
     "benchmarks/results/decode_packed/before": None,  # the same command on the library before packed weights
+    "benchmarks/results/decode_lean": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                      "--decode-repeats 5 --out benchmarks/results/decode_lean",
+    "benchmarks/results/decode_lean/again": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                            "--decode-repeats 5 --out benchmarks/results/decode_lean/again",
+    "benchmarks/results/decode_lean/again_2": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                              "--decode-repeats 5 --out benchmarks/results/decode_lean/again_2",
+    "benchmarks/results/decode_lean/before": None,  # the same command on the library before the leaner steps
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",

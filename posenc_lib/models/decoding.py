@@ -15,7 +15,10 @@ result is the same either way.
 
 On CPU (float32, where torch has oneDNN) the cached loop multiplies its few rows by weights laid out once for
 oneDNN's product (:func:`packed_weights`, what :func:`torch.compile`'s freezing does for CPU inference): the
-decoder's linear layers and the output matrix, made when the loop starts and dropped when it ends.
+decoder's linear layers of at least :data:`PACK_MIN_ELEMENTS` weights, each self-attention's three projections as
+one, and the output matrix, made when the first loop starts and kept for later loops while the weights stay as they
+were.  The loop runs in inference mode, and each step of one query takes the short paths of
+:mod:`posenc_lib.attention.step` and :meth:`~posenc_lib.models.seq2seq.DecoderLayer.step`.
 
 ``compile=True`` runs each cached step as one graph compiled by :func:`torch.compile` (the step's
 embedding, decoder layers, output product and argmax), which removes most of the time a step spends
