@@ -69,7 +69,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
-from .step import append_to_cache, cross_attention, cross_step, self_attention_step, takes_self_step
+from .step import append_to_cache, cached_len, cross_attention, cross_step, self_attention_step, takes_self_step
 from ..utils import check_divides, diagonal_sums, fill_closed_
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
@@ -399,7 +399,7 @@ class MultiHeadAttention(nn.Module):
         want_weights = need_weights or self.keep_weights
         if kv is None and cache is not None and not want_weights and causal and (
                 takes_self_step(self, x, key_padding_mask, pos, cache, BLOCK_ELEMENTS)):
-            path = choose_attention_path(pos, q_len=1, k_len=2, causal=True, padded=False)
+            path = choose_attention_path(pos, q_len=1, k_len=cached_len(cache) + 1, causal=True, padded=False)
             return self_attention_step(self, x, pos, ctx, layer, cache, path)  # a decoding step (attention/step.py)
         qkv = self.step_qkv(x) if kv is None and self.step_qkv is not None else None
         if qkv is not None:  # a cached decoding step: q, k and v from one product (models.decoding.packed_weights)

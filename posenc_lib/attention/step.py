@@ -7,7 +7,9 @@ no more.
   the cache, and the attention itself through :meth:`~posenc_lib.attention.layer.MultiHeadAttention._attend`, the
   computation :meth:`~posenc_lib.attention.layer.MultiHeadAttention.forward` reaches for such a call, without the
   choices on the way (blocks, masks, fused training paths) that a step of one query never takes;
-* :func:`cross_attention`: the cross-attention step as two batched products against keys transposed once.
+* :func:`cross_attention`: the cross-attention step as two batched products against keys transposed once;
+* :func:`distance_table`: what a scheme keeps per distance ``0, 1, ...`` between steps (T5's bias, DeBERTa's buckets,
+  XLNet's projected distances).
 
 Used by :class:`~posenc_lib.attention.layer.MultiHeadAttention` during
 :func:`~posenc_lib.models.decoding.greedy_decode` and beam search; tested against the full forward pass in
@@ -20,6 +22,22 @@ import math
 import torch
 
 
+def cached_len(cache: dict) -> int:
+    """How many keys a self-attention layer's ``cache`` holds (its buffers', or keys handed in as ``"k"``)."""
+    return cache.get("len", cache["k"].shape[2] if "k" in cache else 0)
+
+
+def distance_table(state: dict, key, k_len: int, build, device) -> torch.Tensor:
+    """``state[key]``, a table with one row per distance ``0, 1, ...`` kept in a decoding cache's ``state``, with at
+    least ``k_len`` rows: made by ``build(distances)`` when missing or too short, for the cache's capacity when it is
+    known, else for twice the distances a step needs (at least 32), so that later steps read it without growing it."""
+    table = state.get(key)
+    if table is None or table.shape[0] < k_len:
+        n = max(2 * k_len, 32, state.get("capacity") or 0)
+        table = state[key] = build(torch.arange(n, device=device))
+    return table
+
+
 def takes_self_step(attn, x: torch.Tensor, key_padding_mask, pos, cache: dict, block_elements) -> bool:
     """A causal self-attention call that :func:`self_attention_step` computes as ``forward`` would: one query per
     sequence, float32 on CPU, no gradient, no padding, a position scheme, and scores within ``block_elements``
@@ -28,7 +46,7 @@ def takes_self_step(attn, x: torch.Tensor, key_padding_mask, pos, cache: dict, b
         return False
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return False
-    k_len = cache.get("len", cache["k"].shape[2] if "k" in cache else 0) + 1
+    k_len = cached_len(cache) + 1
     return block_elements is None or x.shape[0] * attn.n_heads * k_len <= block_elements
 
 

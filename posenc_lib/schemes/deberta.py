@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme
+from ..attention.step import distance_table
 from ..utils import check_positive_int
 
 
@@ -179,13 +180,9 @@ class DebertaDisentangled(PositionScheme):
         projects it (:meth:`scores` keeps the projections)."""
         if q_pos.shape[0] != 1:
             return super().prepare_step(q_pos, k_pos, state)
-        table, k_len = state.get("deberta_index"), k_pos.shape[0]
-        if table is None or table.shape[0] < k_len:
-            n = max(2 * k_len, 32, state.get("capacity") or 0)
-            distances = torch.arange(n, device=q_pos.device)
-            table = state["deberta_index"] = deberta_index(
-                distances, distances[:1], self.position_buckets, self.position_buckets, self.max_relative_positions
-            )[:, 0]
+        span, buckets, most = self.position_buckets, self.position_buckets, self.max_relative_positions
+        build = lambda d: deberta_index(d, d[:1], span, buckets, most)[:, 0]  # noqa: E731 (query d after key 0)
+        table = distance_table(state, "deberta_index", k_pos.shape[0], build, q_pos.device)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": table[q_pos - k_pos][None], "step_state": state}
 
     def query_slice(self, ctx, start, end):

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, on_host
+from ..attention.step import distance_table
 from ..utils import check_positive_int, consecutive, relative_positions, toeplitz_bias
 
 #: a bias of at least this many elements (heads x queries x keys) over consecutive positions is laid out
@@ -138,11 +139,9 @@ class T5Bias(PositionScheme):
         the same float32 values as :meth:`compute_bias`, without bucketing the distances at every step."""
         if q_pos.shape[0] != 1 or not self.causal:
             return super().prepare_step(q_pos, k_pos, state)
-        table, k_len = state.get("t5_bias"), k_pos.shape[0]
-        if table is None or table.shape[0] < k_len:
-            n = max(2 * k_len, 32, state.get("capacity") or 0)
-            back = torch.arange(n, device=q_pos.device)  # a query d positions after key 0
-            table = state["t5_bias"] = self.relative_attention_bias(self.buckets(back, back[:1])[:, 0]).float()
+        # a query d positions after key 0, for d = 0, 1, ...
+        build = lambda d: self.relative_attention_bias(self.buckets(d, d[:1])[:, 0]).float()  # noqa: E731
+        table = distance_table(state, "t5_bias", k_pos.shape[0], build, q_pos.device)  # (distances, heads)
         bias = table[q_pos - k_pos].t()[None, :, None, :]  # (1, heads, 1, k_len)
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias, "step_state": state}
 

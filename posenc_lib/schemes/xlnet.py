@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, on_host
+from ..attention.step import distance_table
 from ..utils import check_even, check_float_range, fill_closed_
 
 
@@ -219,14 +220,8 @@ class XLNetRelative(PositionScheme):
         The table holds distances ``0, 1, ...`` projected once; it is extended (doubled) only when
         a step needs a longer distance, instead of projecting ``k_len`` rows at every step.
         """
-        key = ("xlnet_r", layer, dtype)
-        table = state.get(key)
-        if table is None or table.shape[0] < k_len:
-            n = max(2 * k_len, 32, state.get("capacity") or 0)  # the cache's length, when known: no later growth
-            distances = torch.arange(n, device=self.r_proj.device)
-            table = _sinusoid(distances, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)
-            state[key] = table
-        return table[:k_len]
+        build = lambda d: _sinusoid(d, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)  # noqa: E731
+        return distance_table(state, ("xlnet_r", layer, dtype), k_len, build, self.r_proj.device)[:k_len]
 
     def scores(self, q, k, ctx, layer, attn):
         state = ctx.get("step_state")
