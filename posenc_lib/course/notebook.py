@@ -275,6 +275,12 @@ RESULT_COMMANDS = {
     "benchmarks/results/decode_lean/again_2": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
                                               "--decode-repeats 5 --out benchmarks/results/decode_lean/again_2",
     "benchmarks/results/decode_lean/before": None,  # the same command on the library before the leaner steps
+    "benchmarks/results/decode_quiet": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                       "--decode-repeats 7 --out benchmarks/results/decode_quiet",
+    "benchmarks/results/decode_quiet/again": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                             "--decode-repeats 7 --out benchmarks/results/decode_quiet/again",
+    "benchmarks/results/decode_quiet/again_2": "python -m benchmarks.run --only decode --threads 2 --decode-batch 8 "
+                                               "--decode-repeats 7 --out benchmarks/results/decode_quiet/again_2",
     "benchmarks/results/alibi_offsets/L2048": "python -m benchmarks.run --only train,memory --schemes alibi --lengths "
                                               "2048 --batches 1,2 --repeats 3 --out "
                                               "benchmarks/results/alibi_offsets/L2048",
