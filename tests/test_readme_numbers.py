@@ -1354,7 +1354,7 @@ def test_readme_quotes_the_decoding_runs_after_the_leaner_steps():
     share = [statistics.median(runs[n][pe]["cached"]["median_s"] / runs["decode_lean/before"][pe]["cached"]["median_s"]
                                for pe in runs[n]) for n in after]
     assert f"{min(share):.2f}–{max(share):.2f} of its time before" in para
-    assert "The 7× goal is still not met" in para
+    assert "Those runs do not meet the 7× goal" in para
     # the figures the code records
     assert "about 1.6x as long" in " ".join(step.cross_attention.__doc__.split()) and "about 1.6x as long" in para
     assert "about 9% less time" in " ".join((ROOT / "posenc_lib/models/decoding.py").read_text().split())
@@ -1372,3 +1372,52 @@ def test_readme_quotes_the_decoding_runs_after_the_leaner_steps():
     claim = f"about {sum(p.numel() for p in read) * 4 / 1e6:.1f} MB read per step"
     lesson = " ".join((ROOT / "notebooks" / "12_cost.ipynb").read_text(encoding="utf-8").replace("\\n", " ").split())
     assert claim in para and claim in lesson
+
+
+def test_readme_quotes_the_decoding_runs_on_a_quiet_machine():
+    """The quiet-machine decoding paragraph against its three result files: both readings of each run (the
+    ranges, the count at 7x and which scheme falls short), the cached calls' wider spread, the margins, the largest
+    moves between runs, `none`'s cached calls, and the goal read as met by the fastest calls only."""
+    import statistics
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    para = " ".join(text.split("**Cached decoding on a quiet machine**", 1)[1].split("\n\n**", 1)[0].split())
+    names = {"": "`decode_quiet/`", "again/": "`again/`", "again_2/": "`again_2/`"}
+    label = {"xlnet": "XLNet", "shaw_naive": "textbook Shaw"}
+    runs = {}
+    for folder in names:
+        doc = json.loads((RESULTS / "decode_quiet" / folder / "decode.json").read_text())
+        assert "AMD EPYC" in doc["machine"]["cpu_model"] and doc["machine"]["torch_threads"] == 2
+        assert doc["config"]["decode_batch"] == 8 and doc["config"]["decode_repeats"] == 7
+        runs[folder] = res = doc["results"]["schemes"]
+        assert len(res) == 10 and all(s["identical"] for s in res.values())
+        med = {pe: s["speedup"] for pe, s in res.items()}
+        fast = {pe: s["speedup_fastest"] for pe, s in res.items()}
+        assert all(s["speedup_fastest"] == s["uncached"]["min_s"] / s["cached"]["min_s"] for s in res.values())
+        short = [pe for pe, v in med.items() if v < TARGET_CACHE_SPEEDUP]
+        assert len(short) == 1 and all(v >= TARGET_CACHE_SPEEDUP for v in fast.values())
+        low = med[short[0]]
+        shown = f"{low:.3f}" if round(low, 2) >= TARGET_CACHE_SPEEDUP else f"{low:.2f}"
+        row = (f"| {names[folder]} | {min(med.values()):.2f}–{max(med.values()):.2f}× | 9 of 10 ({label[short[0]]} "
+               f"{shown}×) | {min(fast.values()):.2f}–{max(fast.values()):.2f}× | 10 of 10 |")
+        assert " ".join(row.split()) in para, row
+    spread = [statistics.median(s[c]["max_s"] / s[c]["min_s"] for s in r.values()) for r in runs.values()
+              for c in ("cached", "uncached")]
+    cached, uncached = spread[0::2], spread[1::2]
+    assert all(c > u for c, u in zip(cached, uncached))  # "more than the uncached ones, in each run"
+    assert f"took {min(cached):.2f}–{max(cached):.2f} times its fastest" in para
+    assert f"against {min(uncached):.2f}–{max(uncached):.2f} for the uncached calls" in para
+    worst = max(TARGET_CACHE_SPEEDUP - s["speedup"] for r in runs.values() for s in r.values())
+    assert f"falls short by at most {worst:.2f}" in para
+    margin = [min(s["speedup_fastest"] for s in r.values()) - TARGET_CACHE_SPEEDUP for r in runs.values()]
+    assert f"is {min(margin):.2f}–{max(margin):.2f} above 7× by the fastest calls" in para
+    for key, how, name in (("speedup", "by medians", "T5"), ("speedup_fastest", "by the fastest calls", "ALiBi")):
+        seen = {pe: [r[pe][key] for r in runs.values()] for pe in runs[""]}
+        pe = max(seen, key=lambda p: max(seen[p]) - min(seen[p]))
+        lo, hi = min(seen[pe]), max(seen[pe])
+        assert f"{hi - lo:.2f} {how} ({name}, {lo:.2f}–{hi:.2f})" in para and pe == name.lower()
+    none = [(round(r["none"]["cached"]["median_s"] * 1e3), round(r["none"]["cached"]["min_s"] * 1e3)) for r in runs.values()]
+    assert ("`none`'s cached call took {}, {} and {} ms (median) and {}, {} and {} ms (fastest)"
+            .format(*[m for m, _ in none], *[f for _, f in none])) in para
+    assert "every scheme decodes at least 7× faster with the cache in each of the three runs" in para
+    assert "the 7× goal is met; read by medians, nine of ten are" in para
