@@ -240,6 +240,22 @@ def test_the_table_shows_the_compiled_step_where_the_run_timed_it():
     assert "compiled step" not in render_table(plain) and "| scheme | cache speed-up | cached, ratio" in render_table(plain)
 
 
+def test_the_decoding_table_shows_the_fastest_calls_where_the_run_recorded_them():
+    """A run that records ``speedup_fastest`` gets a column for it (and the one line that says it is not of medians);
+    the committed quiet-machine tables are this rendering."""
+    from benchmarks.report import load_results, render_table
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "decode_quiet"
+    for run in (folder, folder / "again", folder / "again_2"):
+        res = load_results(run)
+        table = render_table(res)
+        assert "| scheme | cache speed-up | fastest over fastest | cached, ratio" in table
+        assert "the one column that is not of medians" in table
+        for pe, r in res["decode"]["results"]["schemes"].items():
+            assert f"| {pe} | {r['speedup']:.1f}x | {r['speedup_fastest']:.1f}x | {r['ratio_cached']:.2f} |" in table
+        assert (run / "table.md").read_text().strip() == table.strip()
+
+
 def test_attention_settings_name_the_switches_that_choose_the_computation(monkeypatch):
     from posenc_lib.attention import cpu_flash
 

@@ -1389,6 +1389,7 @@ def test_readme_quotes_the_decoding_runs_on_a_quiet_machine():
         doc = json.loads((RESULTS / "decode_quiet" / folder / "decode.json").read_text())
         assert "AMD EPYC" in doc["machine"]["cpu_model"] and doc["machine"]["torch_threads"] == 2
         assert doc["config"]["decode_batch"] == 8 and doc["config"]["decode_repeats"] == 7
+        assert 150 < doc["wall_s"] < 210  # "3 min"
         runs[folder] = res = doc["results"]["schemes"]
         assert len(res) == 10 and all(s["identical"] for s in res.values())
         med = {pe: s["speedup"] for pe, s in res.items()}
@@ -1420,4 +1421,5 @@ def test_readme_quotes_the_decoding_runs_on_a_quiet_machine():
     assert ("`none`'s cached call took {}, {} and {} ms (median) and {}, {} and {} ms (fastest)"
             .format(*[m for m, _ in none], *[f for _, f in none])) in para
     assert "every scheme decodes at least 7× faster with the cache in each of the three runs" in para
+    assert "the same decoding command with 7 repeats instead of 5, 3 min, run three times" in para
     assert "the 7× goal is met; read by medians, nine of ten are" in para
