@@ -106,6 +106,8 @@ class BenchConfig:
 def check_schemes(names) -> tuple[str, ...]:
     """Validate scheme names against :data:`VALID_SCHEMES`; ``none`` is always measured (the reference)."""
     names = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
+    if not names:  # an empty list is a slip (say, an unset shell variable), not a request to measure none alone
+        raise ValueError(f"no scheme named; valid choices: {', '.join(VALID_SCHEMES)}")
     bad = [n for n in names if n not in VALID_SCHEMES]
     if bad:
         raise ValueError(f"unknown scheme(s) {bad}; valid choices: {', '.join(VALID_SCHEMES)}")

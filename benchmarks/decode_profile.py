@@ -129,6 +129,9 @@ def main(argv=None) -> dict:
         p.error(f"--threads must be a positive integer, got {a.threads}")
     try:
         schemes = check_schemes(a.schemes.split(","))
+    except ValueError as e:
+        p.error(f"--schemes: {e}")
+    try:
         cfg = BenchConfig.quick() if a.quick else BenchConfig(decode_batch=8)
         if a.decode_batch is not None:  # with --quick too (it was ignored there)
             cfg = dataclasses.replace(cfg, decode_batch=a.decode_batch)

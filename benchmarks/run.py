@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from posenc_lib.utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message,
-                              refuse_overwrite)
+                              refuse_overwrite, removed_if_left_empty)
 
 from .common import (
     ALL_SCHEMES, DTYPES, VALID_SCHEMES, BenchConfig, attention_settings, available_cores, check_schemes, log, machine_info,
@@ -103,20 +103,27 @@ def _other_model(folder: Path, kept: list[str], cfg: BenchConfig) -> str | None:
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not vals or any(v <= 0 for v in vals):
+    vals = []
+    for item in (v for v in text.split(",") if v.strip()):  # every item, naming the first bad one
+        try:
+            vals.append(int(item))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {item.strip()!r} in "
+                                             f"{text!r}") from None  # fmt: skip
+        if vals[-1] <= 0:
+            raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {vals[-1]} in {text!r}")
+    if not vals:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return vals
+    return tuple(vals)
 
 
 def _parts(text: str) -> tuple[str, ...]:
     vals = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not vals:
+        raise argparse.ArgumentTypeError(f"no part named ({text!r}); valid choices: {', '.join(PARTS)}")
     bad = [v for v in vals if v not in PARTS]
-    if bad or not vals:
-        raise argparse.ArgumentTypeError(f"unknown part(s) {bad or text!r}; valid choices: {', '.join(PARTS)}")
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown part(s) {bad}; valid choices: {', '.join(PARTS)}")
     return vals
 
 
@@ -204,7 +211,7 @@ def main(argv=None) -> dict:
         p.error(mixed)
     torch.set_num_threads(a.threads)
     try:
-        with FolderLock(a.out, what="--out folder", log=lambda m: log(m, a.quiet)):
+        with removed_if_left_empty(a.out), FolderLock(a.out, what="--out folder", log=lambda m: log(m, a.quiet)):
             return _run(a, schemes, cfg)
     except ValueError as err:  # the folder is locked by another run
         p.error(str(err))

@@ -84,9 +84,12 @@ def main(argv=None) -> dict:
             p.error(f"--{flag} must be a positive integer, got {getattr(a, flag)}")
     try:
         trees = {"before": _tree(a.before, "--before"), "after": _tree(a.after, "--after")}
-        schemes = check_schemes(a.schemes.split(","))
     except ValueError as err:
         p.error(str(err))
+    try:
+        schemes = check_schemes(a.schemes.split(","))
+    except ValueError as err:
+        p.error(f"--schemes: {err}")
     measured = [pe for pe in schemes if pe != "none"]
     if not measured:
         p.error("--schemes must name at least one scheme besides none")

@@ -199,6 +199,9 @@ def run_candidate(cand, *, pe: str, warm: int, updates: int, profile: bool = Fal
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
+        from posenc_lib.utils import die_with_parent
+
+        die_with_parent(os.getppid())  # a killed benchmark takes its measuring processes with it
         print(json.dumps(worker(json.loads(argv[1]))))
         return 0
     from posenc_lib.utils import (INTERRUPTED, CliParser, atomic_write_json, available_cores, check_file_path,
@@ -230,13 +233,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.out.exists() and not a.overwrite:
         ap.error(f"{a.out} exists; pass --overwrite to replace it or --out to write elsewhere")
     pick = list(range(len(CANDIDATES)))
-    if a.only:
-        try:
-            pick = [int(x) - 1 for x in a.only.split(",")]
-        except ValueError:
-            ap.error(f"--only takes comma-separated numbers 1-{len(CANDIDATES)}, got {a.only!r}")
-        if any(not 0 <= k < len(CANDIDATES) for k in pick):
-            ap.error(f"--only takes numbers 1-{len(CANDIDATES)}, got {a.only!r}")
+    if a.only is not None:  # every number checked; an empty list is refused, not read as "all"
+        valid = f"comma-separated numbers 1-{len(CANDIDATES)}"
+        items = [x.strip() for x in a.only.split(",") if x.strip()]
+        if not items:
+            ap.error(f"--only takes at least one of the {valid}, got {a.only!r}")
+        pick = []
+        for x in items:
+            try:
+                k = int(x)
+            except ValueError:
+                ap.error(f"--only takes {valid}, got {x!r}" + (f" in {a.only!r}" if x != a.only.strip() else ""))
+            if not 1 <= k <= len(CANDIDATES):
+                ap.error(f"--only takes {valid}, got {k}" + (f" in {a.only!r}" if x != a.only.strip() else ""))
+            pick.append(k - 1)
+        pick = list(dict.fromkeys(pick))
     import torch
 
     rows = []

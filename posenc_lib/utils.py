@@ -21,7 +21,9 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -151,6 +153,46 @@ def check_padding_mask(name: str, mask: Any, batch: int, length: int) -> None:
         raise TypeError(f"{name} must be a bool tensor (True at padding), got dtype {mask.dtype}")
     if tuple(mask.shape) != (batch, length):
         raise ValueError(f"{name} must have shape (batch, length) = {(batch, length)}, got {tuple(mask.shape)}")
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is ``True`` or ``False``; anything else (``"no"``, ``1``, ``None``) is a ``TypeError``."""
+    if value is not True and value is not False:
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+#: integer dtypes a tensor of positions or ids may have (bool is not one: True would be read as position 1)
+INTEGER_DTYPES = frozenset(
+    getattr(torch, name) for name in ("int8", "uint8", "int16", "int32", "int64", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)
+)
+
+
+def check_position_tensor(name: str, x: Any, *, integer: bool = False, dim: int | None = 1) -> None:
+    """A tensor of positions: integer dtype (``integer=True``) or any real dtype (fractional positions, as RoPE's
+    interpolation uses), never bool or complex; ``dim`` dimensions (``None``: any).
+
+    Floating positions must be finite; that check reads the values, so it runs on CPU tensors only (no device
+    synchronisation) and not while :func:`torch.compile` traces.  Dtype and shape checks run everywhere.
+    """
+    if not isinstance(x, torch.Tensor):
+        kind = "integer" if integer else "real"
+        raise TypeError(f"{name} must be a torch.Tensor of {kind} positions, got {type(x).__name__}")
+    dtype = x.dtype  # read once: the check runs at every forward pass and decoding step
+    floating = dtype.is_floating_point
+    if dtype not in INTEGER_DTYPES and (integer or not floating):
+        if integer:
+            raise TypeError(f"{name} must hold integer positions (an integer dtype such as torch.int64), got dtype {dtype}")
+        raise TypeError(f"{name} must hold real positions (an integer or floating-point dtype), got dtype {dtype}")
+    if dim is not None and x.ndim != dim:
+        what = "1-D (one position per token)" if dim == 1 else f"{dim}-D"
+        raise ValueError(f"{name} must be {what}, got shape {tuple(x.shape)}")
+    if floating and x.numel() and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        bad = ~torch.isfinite(x)
+        if bool(bad.any()):
+            i = int(bad.reshape(-1).nonzero()[0])
+            raise ValueError(f"{name} must hold finite positions, got {float(x.reshape(-1)[i])} at index {i}")
 
 
 class CliParser(argparse.ArgumentParser):
@@ -438,6 +480,13 @@ class FolderLock:
                     _time.sleep(0.1)
                     continue
                 here = info.get("host") in (None, me["host"])
+                workers = [w for w in info.get("workers") or [] if isinstance(w, dict) and isinstance(w.get("pid"), int)]
+                living = [w["pid"] for w in workers if here and _process_alive(w["pid"], w.get("start"))]
+                if pid is not None and here and living and not _process_alive(pid, info.get("start")):
+                    raise FolderLocked(
+                        f"{self.folder} is still being written by worker process(es) {', '.join(map(str, living))} of "
+                        f"pid {pid}, which no longer runs ({info.get('command') or '?'}); wait for them to end or stop "
+                        f"them (kill {' '.join(map(str, living))}), then run again") from None
                 if pid is not None and (not here or _process_alive(pid, info.get("start"))):
                     where = "" if here else f" on host {info.get('host')}"
                     raise FolderLocked(
@@ -454,6 +503,22 @@ class FolderLock:
             return self
         raise FolderLocked(f"could not lock {self.folder}: {self.path} keeps reappearing; is another process "
                            "starting in the same folder?")
+
+    @staticmethod
+    def add_workers(pids: Iterable[int]) -> None:
+        """Record worker processes in every lock this process holds: a later run does not take the lock over
+        while one of them still runs, even if this process was killed."""
+        entries = [{"pid": int(p), "start": _process_start(int(p))} for p in pids]
+        for path in list(_HELD):
+            try:
+                info = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if not isinstance(info, dict) or info.get("pid") != os.getpid():
+                continue
+            known = {w.get("pid") for w in info.get("workers") or []}
+            info["workers"] = [*(info.get("workers") or []), *(e for e in entries if e["pid"] not in known)]
+            atomic_write_text(path, json.dumps(info) + "\n")
 
     def release(self) -> None:
         n = _HELD.get(self.path, 0)
@@ -530,12 +595,45 @@ def _on_sigterm(*_) -> None:
     os._exit(143)
 
 
-def _pool_worker_init() -> None:
-    """A pool worker leaves Ctrl-C to its parent (which stops it) and cleans up when stopped (SIGTERM)."""
+def die_with_parent(parent: int) -> None:
+    """End this process with SIGTERM as soon as process ``parent`` (its parent) ends, also by ``kill -9``.
+
+    Linux's ``PR_SET_PDEATHSIG``; elsewhere a daemon thread that checks the parent every 0.2 s.  Called
+    first thing in a worker: a parent that is already gone ends it at once.
+    """
+    import signal
+    import threading
+
+    armed = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            armed = ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            armed = False
+    if os.getppid() != parent:  # the parent ended before the signal was armed
+        os._exit(143)
+    if not armed:
+        def watch() -> None:
+            import time as _time
+
+            while os.getppid() == parent:
+                _time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def _pool_worker_init(parent: int | None = None) -> None:
+    """A pool worker leaves Ctrl-C to its parent (which stops it), cleans up when stopped (SIGTERM), and is
+    stopped the same way when its parent ends without stopping it (``kill -9``)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if parent is not None:
+        die_with_parent(parent)
 
 
 def _pool_call(fn, args, kwargs):
@@ -559,7 +657,8 @@ class WorkerPool:
     (SIGTERM), so none goes on writing results after the command has returned.  What finished is kept
     (results are written atomically, one file per call).  A normal exit waits for every call.  A SIGTERM
     sent to the parent alone (``kill PID``) stops the workers the same way and ends the command with status
-    143; without it, the spawned workers went on training after their parent had gone.
+    143.  A parent killed outright (``kill -9``) takes its workers with it (:func:`die_with_parent`), and the
+    workers are recorded in the folder locks the parent holds, so no later run writes a folder while one lives.
     """
 
     def __init__(self, jobs: int):
@@ -567,10 +666,16 @@ class WorkerPool:
         from concurrent.futures import ProcessPoolExecutor
 
         self.pool = ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"),
-                                        initializer=_pool_worker_init)
+                                        initializer=_pool_worker_init, initargs=(os.getpid(),))
+        self._recorded: set[int] = set()
 
     def submit(self, fn, *args, **kwargs):
-        return self.pool.submit(_pool_call, fn, args, kwargs)
+        future = self.pool.submit(_pool_call, fn, args, kwargs)
+        pids = set((getattr(self.pool, "_processes", None) or {}).keys()) - self._recorded
+        if pids:  # the folders this process locks name their writers
+            FolderLock.add_workers(sorted(pids))
+            self._recorded |= pids
+        return future
 
     def stop(self) -> None:
         """Cancel what has not started and end the running workers now."""
@@ -619,6 +724,92 @@ def unique_choices(what: str, names: Iterable[str], valid: Sequence[str]) -> lis
     if bad:
         raise ValueError(f"unknown {what}(s) {bad}; valid choices: {', '.join(valid)}")
     return names
+
+
+#: the seeds a command line accepts: NumPy's and torch's common range (``set_seed`` refuses larger ones)
+MAX_SEED = 2**32 - 1
+
+
+def parse_seed_list(text: str, flag: str = "--seeds") -> list[int]:
+    """``--seeds``: comma-separated integers in ``[0, MAX_SEED]``, at least one, in order without repeats.
+
+    Every item is checked before any work; a ``ValueError`` names the bad item (and the whole list when
+    there are more) and the valid range.
+    """
+    seeds = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        try:
+            seed = int(item)
+        except ValueError:
+            raise ValueError(f"{flag} must be comma-separated integers, got {text!r}"
+                             + (f" ({item.strip()!r} is not an integer" if item.strip() != text else " (not an integer")
+                             + f"; valid seeds: 0 to {MAX_SEED})") from None  # fmt: skip
+        if not 0 <= seed <= MAX_SEED:
+            raise ValueError(f"{flag} must be integers from 0 to {MAX_SEED}, got {seed}")
+        seeds.append(seed)
+    if not seeds:
+        raise ValueError(f"{flag} must name at least one integer seed from 0 to {MAX_SEED}, got {text!r}")
+    return list(dict.fromkeys(seeds))
+
+
+_MISSING = object()  # a field one of two records lacks
+
+
+def _flat_settings(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat_settings(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def settings_diff(old: Any, new: dict[str, Any], *, limit: int = 6) -> str:
+    """The settings that differ between ``old`` (as a results file recorded them) and ``new`` (this run's), each
+    as ``field OLD (now NEW)``: nested records by dotted name (``passkey_training.trials``), ``name`` first,
+    at most ``limit`` of them then how many more; ``""`` when none differ.  A refusal to resume quotes it,
+    so the user sees which flag or profile to change back."""
+    def show(v: Any) -> str:
+        text = "<none>" if v is _MISSING else repr(v)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    if not isinstance(old, dict):
+        return f"no settings recorded (found {show(old)})"
+
+    was, now = _flat_settings(old), _flat_settings(new)
+    keys = list(dict.fromkeys([*now, *was]))
+    diff = [k for k in keys if was.get(k, _MISSING) != now.get(k, _MISSING)]
+    diff.sort(key=lambda k: k.rsplit(".", 1)[-1] != "name")  # the profile's name first: often the whole story
+    shown = [f"{k} {show(was.get(k, _MISSING))} (now {show(now.get(k, _MISSING))})" for k in diff[:limit]]
+    more = f" and {len(diff) - limit} more" if len(diff) > limit else ""
+    return ", ".join(shown) + more
+
+
+@contextmanager
+def removed_if_left_empty(*folders: str | os.PathLike):
+    """Around the work on ``folders`` (``--out``, ``--ckpt``): when the block fails, each of them, and each of
+    their parents, that did not exist before it and is empty now is removed again.  A command refused after
+    its first folder was made (say, another process holds the second) leaves nothing behind; a folder
+    holding anything is kept."""
+    made: list[Path] = []
+    for folder in folders:
+        path = Path(folder).absolute()
+        for p in (path, *path.parents):
+            if os.path.lexists(p):
+                break
+            made.append(p)
+    try:
+        yield
+    except BaseException:
+        for p in sorted(dict.fromkeys(made), key=lambda p: len(p.parts), reverse=True):  # the deepest first
+            try:
+                p.rmdir()
+            except OSError:  # not empty, not there, or not ours to remove
+                pass
+        raise
 
 
 def run_calls(calls: Sequence[tuple[Callable, tuple]], jobs: int = 1, log: Callable[[str], Any] = print, *,

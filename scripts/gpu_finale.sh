@@ -18,8 +18,17 @@
 # (python3), RUN_DIR (runs/wmt14-gpu), PROFILE (gpu), PES (none,sinusoidal,shaw,rope), SEEDS (0,1), JOBS (auto),
 # EXTRA (more calibrate arguments, e.g. "--set micro_batch_tokens=6000"), BENCH (0),
 # FOLLOW (seconds `start` follows the log, 540).
+#
+# `start` checks first that PYTHON's torch sees a CUDA GPU and refuses at once without one. REHEARSE_ON_CPU=1
+# skips that check to rehearse the pipeline on the CPU (with a small profile: PROFILE=smoke); the tests do so.
+# Every subcommand ends with one line saying how it ended: `follow` says whether the pipeline finished (its exit
+# status, also the command's), still runs, or no longer runs without having finished (killed), and `pack` refuses
+# a pipeline that still runs and writes the archive under a temporary name, renamed once whole.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SELF=$PWD/scripts/gpu_finale.sh  # the pipeline runs this file again, from this folder
+ME="bash scripts/gpu_finale.sh"
+USAGE="usage: $ME start [BUDGET_MIN] | follow [SECONDS] | pack DEST"
 PY=${PYTHON:-python3}
 DATA=${DATA:-}
 SOURCE=${SOURCE:-hub}
@@ -37,18 +46,26 @@ PIDF=$RUN.pid
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false
 # fewer fragments in each model's GPU memory (several models share the card)
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-if [ -n "$DATA" ]; then
-  DATA_ARGS=(--data-dir "$DATA")
-elif [ "$SOURCE" = hub ]; then
-  DATA_ARGS=(--source hub --set "max_train_pairs=$PAIRS")
-elif [ "$SOURCE" = files ]; then
-  DATA_ARGS=(--source files)
-else
-  echo "SOURCE must be hub or files, got '$SOURCE' (or set DATA=FOLDER)" >&2
-  exit 2
-fi
-# the hub is needed only to read the data; BERTScore and the tests run offline
-[ "$SOURCE" = hub ] && [ -z "$DATA" ] || export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+usage() { echo "$USAGE" >&2; exit 2; }
+
+data_args() {  # DATA_ARGS from DATA/SOURCE; a bad SOURCE is refused
+  if [ -n "$DATA" ]; then
+    DATA_ARGS=(--data-dir "$DATA")
+  elif [ "$SOURCE" = hub ]; then
+    DATA_ARGS=(--source hub --set "max_train_pairs=$PAIRS")
+  elif [ "$SOURCE" = files ]; then
+    DATA_ARGS=(--source files)
+  else
+    echo "error: SOURCE must be hub or files, got '$SOURCE' (or set DATA=FOLDER)" >&2
+    exit 2
+  fi
+  # the hub is needed only to read the data; BERTScore and the tests run offline
+  [ "$SOURCE" = hub ] && [ -z "$DATA" ] || export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+}
+
+# a rehearsal on the CPU asks for the CPU by name (the gpu profile is refused on a machine without a GPU otherwise)
+if [ "${REHEARSE_ON_CPU:-0}" = 1 ]; then DEVICE_ARGS=(--device cpu); else DEVICE_ARGS=(); fi
 
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
 
@@ -68,18 +85,69 @@ stages() {
   stamp "calibration (budget $budget min)"
   # shellcheck disable=SC2086 # EXTRA is a list of arguments
   "$PY" -m posenc_lib.experiments.wmt14 calibrate --profile "$PROFILE" "${DATA_ARGS[@]}" --pe "$PES" --seeds "$SEEDS" \
-    --jobs "$JOBS" --out "$RUN" --budget-min "$budget" $EXTRA
+    --jobs "$JOBS" --out "$RUN" --budget-min "$budget" "${DEVICE_ARGS[@]}" $EXTRA
   cmd=$("$PY" -c "import json, sys; print(json.load(open(sys.argv[1]))['command'] or '')" "$RUN/calibration.json")
   if [ -z "$cmd" ]; then echo "no max_steps fits the budget"; return 1; fi
   stamp "run: $cmd"
   # shellcheck disable=SC2086 # the command is a list of arguments without spaces inside them
-  "$PY" ${cmd#python } --no-progress
+  "$PY" ${cmd#python } --no-progress "${DEVICE_ARGS[@]}"
   if [ "$BENCH" = 1 ]; then
     stamp "benchmarks (bf16, FlexAttention)"
     POSENC_FLEX=1 "$PY" -m benchmarks.run --device cuda --dtype bfloat16 --lengths 256,1024,4096 \
       --memory-length 4096 --out "$RUN-bench" || echo "benchmarks FAILED"
   fi
   stamp "finished"
+}
+
+# the background pipeline (`start` launches it in a session of its own): it holds the lock under its own pid,
+# runs the stages, and records its exit status in $DONE and as the last line of the log
+pipeline() {
+  local budget=$1 rc
+  echo "$$" > "$PIDF"
+  trap 'rm -f "$PIDF"' EXIT
+  trap 'ended 143' TERM; trap 'ended 130' INT; trap 'ended 129' HUP  # `kill -- -PID`: stopped, and says so
+  set +e
+  bash "$SELF" _stages "$budget"
+  rc=$?
+  ended "$rc"
+}
+
+ended() {
+  echo "$1" > "$DONE.tmp" && mv -f "$DONE.tmp" "$DONE"
+  stamp "pipeline ended: exit status $1"
+  exit "$1"
+}
+
+# the pipeline's state from its files: STATE none (never started), running (PID lives), finished ($DONE) or
+# gone (it no longer runs and did not finish: killed outright, or stopped before writing $DONE)
+pipeline_state() {
+  PID=$(cat "$PIDF" 2>/dev/null || true)
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then STATE=running
+  elif [ -f "$DONE" ]; then STATE=finished
+  elif [ -e "$LOG" ] || [ -e "$PIDF" ] || [ -e "$RUN" ]; then STATE=gone
+  else STATE=none; fi
+}
+
+# check that PYTHON's torch sees a CUDA GPU (unless REHEARSE_ON_CPU=1), before anything is written
+check_gpu() {
+  local found
+  case "${REHEARSE_ON_CPU:-0}" in
+    1) return 0 ;;
+    0) ;;
+    *) echo "error: REHEARSE_ON_CPU must be 0 or 1, got '${REHEARSE_ON_CPU}'" >&2; exit 2 ;;
+  esac
+  found=$("$PY" -c "import torch; print(torch.cuda.is_available())" 2>/dev/null) || found=""
+  case "$found" in
+    True) ;;
+    False)
+      echo "error: no CUDA GPU here (torch.cuda.is_available() is False for $PY): the finale needs one;" \
+        "to rehearse it on the CPU: REHEARSE_ON_CPU=1 PROFILE=smoke $ME start" >&2
+      exit 1 ;;
+    *)
+      echo "error: $PY cannot import torch; set PYTHON to the python of the environment with torch" \
+        "(e.g. PYTHON=.venv/bin/python)" >&2
+      exit 1 ;;
+  esac
 }
 
 # take the pipeline lock ($PIDF, created atomically); refuse while the pipeline that holds it runs
@@ -90,7 +158,7 @@ lock() {
     if (set -o noclobber; echo "$$" > "$PIDF") 2>/dev/null; then return 0; fi
     pid=$(cat "$PIDF" 2>/dev/null || true)
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-      echo "error: a pipeline already runs for $RUN (pid $pid, log $LOG); follow it with: bash $0 follow" \
+      echo "error: a pipeline already runs for $RUN (pid $pid, log $LOG); follow it with: $ME follow" \
         "(or stop it: kill -- -$pid)" >&2
       return 1
     fi
@@ -103,16 +171,47 @@ lock() {
   return 1
 }
 
+# print the log from line SHOWN+1 as it grows; end with one line on how the pipeline stands (exit status: 0 when
+# it finished well or still runs after LIMIT seconds, 1 when it failed or is gone)
 follow() {
-  local limit=${1:-540} shown=${2:-0} n t0=$SECONDS
+  local limit=${1:-540} shown=${2:-0} n t0=$SECONDS status gone=0
+  pipeline_state
+  if [ "$STATE" = none ]; then
+    echo "error: no pipeline has started for $RUN (no $LOG); start one with: $ME start [BUDGET_MIN]" >&2
+    return 1
+  fi
   while :; do
     if [ -f "$LOG" ]; then
       n=$(wc -l < "$LOG")
       if [ "$n" -gt "$shown" ]; then sed -n "$((shown + 1)),${n}p" "$LOG"; shown=$n; fi
     fi
-    if [ -f "$DONE" ]; then echo "exit status $(cat "$DONE")"; return 0; fi
-    if [ $((SECONDS - t0)) -ge "$limit" ]; then echo "still running after ${limit} s"; return 0; fi
-    sleep 5
+    pipeline_state
+    case "$STATE" in
+      finished)
+        status=$(cat "$DONE" 2>/dev/null || true)
+        if [ "$status" = 0 ]; then
+          echo "the pipeline finished: exit status 0 (log $LOG); pack it with: $ME pack DEST"
+          return 0
+        elif [ "${status:-0}" -ge 128 ] 2>/dev/null; then
+          echo "error: the pipeline was stopped: exit status $status (log $LOG); start it again with: $ME start" >&2
+        else
+          echo "error: the pipeline failed: exit status ${status:-?} (see the log above, $LOG)" >&2
+        fi
+        return 1 ;;
+      gone)  # seen twice, a second apart: a pid file being written reads empty for a moment
+        if [ "$gone" = 1 ]; then
+          echo "error: the pipeline for $RUN no longer runs${PID:+ (pid $PID)} and did not finish (no $DONE:" \
+            "killed?); its log ends above; pack what it left with: $ME pack DEST, or start again: $ME start" >&2
+          return 1
+        fi
+        gone=1; sleep 1; continue ;;
+    esac
+    gone=0
+    if [ $((SECONDS - t0)) -ge "$limit" ]; then
+      echo "the pipeline still runs after ${limit} s (pid $PID, log $LOG); follow it again with: $ME follow"
+      return 0
+    fi
+    sleep 1
   done
 }
 
@@ -127,40 +226,103 @@ check_number() {  # check_number WHAT VALUE [integer]
   fi
 }
 
+unpack_failed() {  # a pack that did not end well: its partial archive and the folders it made go
+  local i
+  [ -z "$TMP" ] || rm -f "$TMP"
+  for ((i = ${#MADE[@]} - 1; i >= 0; i--)); do rmdir "${MADE[i]}" 2>/dev/null || true; done
+}
+
+# pack DEST: the run folder (no checkpoints), log, status and benchmarks into DEST/wmt14-gpu.tar.gz, written under
+# a temporary name and renamed once whole; a failure removes the partial archive and the folders it made
+pack() {
+  local dest=$1 final parts=() d err names status
+  final=$dest/wmt14-gpu.tar.gz
+  MADE=() TMP=""  # globals: the EXIT trap reads them
+  pipeline_state
+  case "$STATE" in
+    none) echo "error: nothing to pack: no run folder $RUN and no log $LOG; start a run with: $ME start" >&2
+          exit 1 ;;
+    running) echo "error: the pipeline for $RUN still runs (pid $PID): pack it once it has finished ($ME follow)," \
+               "or stop it first (kill -- -$PID) to pack what it has" >&2
+             exit 1 ;;
+  esac
+  if [ -e "$dest" ] && [ ! -d "$dest" ]; then echo "error: DEST $dest is not a folder" >&2; exit 2; fi
+  if [ -e "$final" ]; then
+    echo "error: $final exists; pack into another DEST or move it away first" >&2
+    exit 1
+  fi
+  for part in "$RUN" "$LOG" "$DONE" "$RUN-bench"; do [ -e "$part" ] && parts+=("$part"); done
+  d=$dest
+  while [ ! -e "$d" ]; do MADE=("$d" ${MADE[@]+"${MADE[@]}"}); d=$(dirname "$d"); done  # made here, outermost first
+  trap unpack_failed EXIT
+  trap 'exit 130' INT; trap 'exit 143' TERM; trap 'exit 129' HUP
+  if ! err=$(mkdir -p "$dest" 2>&1) || ! TMP=$(mktemp "$dest/.wmt14-gpu.tar.gz.XXXXXX" 2>&1); then
+    echo "error: cannot write into $dest: ${err:-$TMP}" >&2
+    TMP=""
+    exit 1
+  fi
+  chmod "$(printf '%o' $((0666 & ~0$(umask))))" "$TMP"  # mktemp makes it private; an archive is read by others
+  if ! err=$(tar -czf "$TMP" --exclude='*.pt' --exclude='*.pt.tmp*' --exclude='.posenc-lock' "${parts[@]}" 2>&1); then
+    echo "error: packing $RUN failed, nothing written: $(printf '%s\n' "$err" | grep . | tail -n 1)" >&2
+    exit 1
+  fi
+  if ! mv -n "$TMP" "$final" 2>/dev/null || [ -e "$TMP" ]; then  # -n: never over an archive made meanwhile
+    echo "error: $final exists; pack into another DEST or move it away first" >&2
+    exit 1
+  fi
+  trap - EXIT INT TERM HUP
+  names=""
+  for part in "${parts[@]}"; do
+    names+="${names:+, }$(basename "$part")"; [ -d "$part" ] && names+="/ (without checkpoints)"
+  done
+  d="packed $names into $(cd "$dest" && pwd)/wmt14-gpu.tar.gz ($(du -h "$final" | cut -f1))"
+  status=$(cat "$DONE" 2>/dev/null || true)
+  if [ "$STATE" = gone ]; then
+    echo "$d; the pipeline did not finish (no $DONE): this is what it had written"
+  elif [ "$status" != 0 ]; then
+    echo "$d; the pipeline ended with exit status ${status:-?}: this is what it had written"
+  else
+    echo "$d"
+  fi
+}
+
 case "${1:-}" in
   start)
+    [ $# -le 2 ] || usage
     budget=${2:-14}
     check_number BUDGET_MIN "$budget"
     check_number "FOLLOW (seconds)" "${FOLLOW:-540}" integer
+    data_args
+    for tool in setsid nohup; do
+      command -v "$tool" > /dev/null || { echo "error: start needs $tool (util-linux, coreutils)" >&2; exit 1; }
+    done
+    check_gpu
     lock || exit 1
-    rm -f "$DONE"  # the status file of the last pipeline, which has ended (the lock says so)
+    rm -f "$DONE" "$DONE.tmp"  # the status file of the last pipeline, which has ended (the lock says so)
     shown=0
     if [ -s "$LOG" ]; then  # an earlier start's log is kept: this one appends below it
       echo "== $(date -u +%Y-%m-%dT%H:%M:%S) another start (the log above is an earlier one's)" >> "$LOG"
       shown=$(wc -l < "$LOG")
     fi
     # the pipeline takes the lock over (its own pid in $PIDF) and removes it when it ends
-    setsid nohup bash -c "echo \$\$ > '$PIDF'; trap 'rm -f \"$PIDF\"' EXIT; set -o pipefail; bash '$0' _stages '$budget'; echo \$? > '$DONE'" >> "$LOG" 2>&1 < /dev/null &
-    echo "$!" > "$PIDF"  # the pipeline's pid (it writes the same itself), so the lock outlives this shell
+    setsid nohup bash "$SELF" _pipeline "$budget" >> "$LOG" 2>&1 < /dev/null &
+    pid=$!
+    for _ in $(seq 100); do  # until the pipeline holds the lock, so that it outlives this shell
+      [ "$(cat "$PIDF" 2>/dev/null || true)" = "$$" ] && kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
     follow "${FOLLOW:-540}" "$shown"
     ;;
-  _stages) stages "${2:?budget}" ;;
-  follow) check_number SECONDS "${2:-540}" integer; follow "${2:-540}" ;;
+  _pipeline) [ $# -eq 2 ] || usage; data_args; pipeline "$2" ;;
+  _stages) [ $# -eq 2 ] || usage; data_args; stages "$2" ;;
+  follow)
+    [ $# -le 2 ] || usage
+    check_number SECONDS "${2:-540}" integer
+    follow "${2:-540}"
+    ;;
   pack)
-    dest=${2:?usage: gpu_finale.sh pack DEST}
-    mkdir -p "$dest"
-    parts=("$RUN")
-    for extra in "$LOG" "$DONE" "$RUN-bench"; do [ -e "$extra" ] && parts+=("$extra"); done
-    if [ -e "$dest/wmt14-gpu.tar.gz" ]; then
-      echo "error: $dest/wmt14-gpu.tar.gz exists; pack into another DEST or move it away first" >&2
-      exit 1
-    fi
-    tar -czf "$dest/wmt14-gpu.tar.gz.tmp" --exclude='*.pt' --exclude='*.pt.tmp*' --exclude='.posenc-lock' "${parts[@]}"
-    mv "$dest/wmt14-gpu.tar.gz.tmp" "$dest/wmt14-gpu.tar.gz"
-    ls -l "$dest/wmt14-gpu.tar.gz"
+    [ $# -eq 2 ] && [ -n "$2" ] || usage
+    pack "$2"
     ;;
-  *)
-    echo "usage: bash scripts/gpu_finale.sh start [BUDGET_MIN] | follow [SECONDS] | pack DEST" >&2
-    exit 2
-    ;;
+  *) usage ;;
 esac

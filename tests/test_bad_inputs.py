@@ -779,10 +779,19 @@ def _file_system_clis(tmp, monkeypatch):
     monkeypatch.setattr(br, "write_report", lambda out: (out / "table.md").write_text("report\n"))
     monkeypatch.setattr(bb.subprocess, "run", lambda cmd, **kw: Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True))
     monkeypatch.setattr(bb, "write_sources", lambda out: (out / "src").mkdir(exist_ok=True) or out / "src")
+    # every file a run reads is there (checked before any work), but train.fr.xz is damaged: the run stops
+    # with one line when it reads the data, after it has met the folder
+    bad = tmp / "bad-data"
+    bad.mkdir(exist_ok=True)
+    for split in ("train", "newstest2013", "newstest2014"):
+        (bad / f"{split}.en").write_text("one\n")
+        (bad / f"{split}.fr").write_text("un\n")
+    (bad / "train.fr").unlink()
+    (bad / "train.fr.xz").write_bytes(b"not xz")
     return {
-        "wmt14": (wmt14_main, ["--profile", "smoke", "--pe", "none", "--data-dir", str(tmp / "nowhere")]),
+        "wmt14": (wmt14_main, ["--profile", "smoke", "--pe", "none", "--data-dir", str(bad)]),
         "make-data": (wmt14_main, ["make-data", "--src", str(src), "--pairs", "5"]),
-        "calibrate": (wmt14_main, ["calibrate", "--profile", "smoke", "--pe", "none", "--data-dir", str(tmp / "nowhere"),
+        "calibrate": (wmt14_main, ["calibrate", "--profile", "smoke", "--pe", "none", "--data-dir", str(bad),
                                    "--source", "files"]),
         "extrapolation": (ex.main, ["--pe", "none", "--seeds", "0", "--no-progress"]),
         "long_context": (lc.main, ["--models", "nope", "--seeds", "0", "--no-finetune", "--ckpt", str(tmp / "ck")]),

@@ -180,7 +180,7 @@ def test_gpu_finale_script_runs_every_stage_and_packs_the_run_without_checkpoint
     d = tiny_dir(tmp_path)
     run = tmp_path / "runs" / "wmt"
     env = {**ENV, "PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "DATA": str(d), "RUN_DIR": str(run),
-           "PROFILE": "smoke", "PES": "none,rope", "SEEDS": "0", "JOBS": "1",
+           "REHEARSE_ON_CPU": "1", "PROFILE": "smoke", "PES": "none,rope", "SEEDS": "0", "JOBS": "1",
            "EXTRA": "--set vocab_size=300 --set val_pairs=8 --set batch_tokens=300 --set eval_limit=4 "
                     "--set bootstrap_samples=20 --sample 4 --warm 2 --updates 4 --threads 1"}
     script = str(ROOT / "scripts" / "gpu_finale.sh")

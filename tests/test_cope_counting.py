@@ -125,11 +125,13 @@ def test_smoke_run_end_to_end_resume_and_refusals(tmp_path):
     with pytest.raises(ValueError, match=r"another configuration \(profile 'smoke', differing in .*d_model.*\) than "
                                          r"this run's \(profile 'course'\); pass --profile smoke to continue it"):
         cc.run_all(cc.COURSE, [0], out, names=["rope"], resume=True, log=logs.append)
-    with pytest.raises(ValueError, match=r"differing in steps\) than this run's \(profile 'smoke'\); pass --profile smoke"):
+    with pytest.raises(ValueError, match=r"differing in steps \d+ \(now 21\)\) than this run's \(profile 'smoke'\); "
+                                         r"pass --profile smoke"):
         cc.run_all(replace(cfg, steps=21), [0], out, names=["rope"], resume=True, log=logs.append)
     custom = replace(cfg, name="mine", steps=21)  # settings no profile has: the fix is to restore them
     cc.run_all(custom, [0], tmp_path / "mine", names=["none"], log=logs.append)
-    with pytest.raises(ValueError, match=r"profile 'mine', differing in name, steps.*restore the settings it was made with"):
+    with pytest.raises(ValueError, match=r"profile 'mine', differing in name 'mine' \(now 'smoke'\), steps 21 \(now \d+\)"
+                                         r".*restore the settings it was made with"):
         cc.run_all(cfg, [0], tmp_path / "mine", names=["none"], resume=True, log=logs.append)
 
 

@@ -110,7 +110,7 @@ def test_data_file_empty(tmp_path):
 
 def test_data_files_misaligned(tmp_path):
     d = _split(tmp_path / "d", en="one\ntwo\n")
-    with pytest.raises(ValueError, match=r"train\.fr has 3 lines but .*train\.en has 2.*line 3 of .*train\.fr has no"):
+    with pytest.raises(ValueError, match=r"train\.fr has 3 lines but .*train\.en has 2.*out of step near line \d of .*train\.fr"):
         read_parallel(d, "train")
 
 
@@ -280,7 +280,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         ck = tmp_path / "cr-ckpt" / "none-seed0" / "checkpoint.pt"
         ck.parent.mkdir(parents=True)
         ck.write_bytes(b"an earlier sitting's checkpoint")
-        return wmt14.run(prof, ["none"], [0], tmp_path / "cr", data_dir=tmp_path / "nowhere", log=lambda m: None)
+        return wmt14.run(prof, ["none"], [0], tmp_path / "cr", data_dir=wd, log=lambda m: None)
 
     def other_data():
         return wmt14.prepare_data(prof, tmp_path / "od", data_dir=wd, source="files", log=lambda m: None,
@@ -353,6 +353,29 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         (tmp_path / "vocab.txt").write_text("a\nb\n")
         return load_mbert(tmp_path / "vocab.txt")
 
+    def half_pair():
+        (tmp_path / "hp").mkdir()
+        (tmp_path / "hp" / "heldout.en").write_text("one\n")
+        return data.has_split(tmp_path / "hp", "heldout")
+
+    def gpu_profile_here():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        return wmt14.check_hardware(train.get_profile("gpu"), None)
+
+    def workers_still_running():
+        import os as _os
+        import subprocess
+        import sys
+
+        from posenc_lib.utils import FolderLock
+
+        gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                                  text=True, check=True).stdout)
+        (tmp_path / "wk").mkdir()
+        (tmp_path / "wk" / ".posenc-lock").write_text(json.dumps({"pid": gone, "start": None,
+                                                                  "workers": [{"pid": _os.getppid()}]}))
+        return FolderLock(tmp_path / "wk").acquire()
+
     def missing_results():
         from posenc_lib.course.notebook import results_file
 
@@ -371,10 +394,14 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         [lambda: files(train_en="one\ntwo\ntrès\n".encode("latin-1")) or read_lines(d / "train.en")],
         [lambda: files(train_en="one\n\nthree\n") or read_lines(d / "train.en")],
         [lambda: files(train_fr="un\ndeux\ntrois\n", train_en="one\ntwo\n") or read_parallel(d, "train")],
+        [half_pair],
         [lambda: read_parallel(d, "newstest2013")],
+        [gpu_profile_here],
+        [lambda: wmt14.parse_seeds("0,-1")],
         [hub_down],
         [damaged_checkpoint],
         [other_settings, other_configuration],
+        [workers_still_running],
         [locked],
         [checkpoint_without_resume],
         [other_data],

@@ -121,7 +121,7 @@ def test_smoke_run_writes_matched_and_fixed_readings_and_a_curve(tmp_path):
     again = []
     lcs.run_all(lc.SMOKE, [0], out, ck, trials=8, finetunes=["linear"], log=again.append)
     assert any("skipping 2 finished" in x for x in again) and not any(x.startswith("done") for x in again)
-    with pytest.raises(ValueError, match=r"trials 8, now 'smoke', trials 9\); pass another --out"):
+    with pytest.raises(ValueError, match=r"another configuration: trials 8 \(now 9\); pass another --out"):
         lcs.run_all(lc.SMOKE, [0], out, ck, trials=9, finetunes=[], log=again.append)
     assert json.loads((out / "readings_seed0.json").read_text())["trials"] == 8
 

@@ -335,7 +335,7 @@ def test_gpu_finale_start_twice_is_refused(tmp_path):
     """`scripts/gpu_finale.sh start` twice: no lock, two pipelines in one folder (and a calibration timed
     under contention); the second start also emptied the first one's log."""
     run_dir = tmp_path / "runs" / "wmt14-gpu"
-    env = {**ENV, "PYTHON": str(_stub_python(tmp_path)), "RUN_DIR": str(run_dir), "FOLLOW": "0"}
+    env = {**ENV, "PYTHON": str(_stub_python(tmp_path)), "RUN_DIR": str(run_dir), "FOLLOW": "0", "REHEARSE_ON_CPU": "1"}
     script = ROOT / "scripts" / "gpu_finale.sh"
     first = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr

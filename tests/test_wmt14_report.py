@@ -146,3 +146,44 @@ def test_plot_seed_bars_draws_mean_interval_and_seeds():
     assert sorted(dots) == sorted(v for pe in drawn for v in drawn[pe]["values"].values())
     with pytest.raises(ValueError, match="no scheme"):
         R.plot_seed_bars(ax, results, "heldout", "bleu", schemes=["xpos"])
+
+
+def _fake_results(values: dict[str, dict[int, float]]) -> dict:
+    return {"models": {pe: {str(s): {"tests": {"heldout": {"bleu": v}}} for s, v in by_seed.items()}
+                       for pe, by_seed in values.items()}}
+
+
+def _fake_boot(pairs: dict[tuple[str, str, int], tuple[float, float, float]]) -> dict:
+    out = {}
+    for (base, system, seed), (b0, b1, p) in pairs.items():
+        out.setdefault(seed, []).append({"baseline": base, "system": system, "bleu_baseline": b0, "bleu_system": b1,
+                                         "bleu_p": p})
+    return out
+
+
+def test_paired_differences_are_per_seed_with_a_t_interval():
+    from posenc_lib.experiments.wmt14.report import paired_differences
+    from posenc_lib.utils import t_quantile_975
+
+    res = _fake_results({"a": {0: 10.0, 1: 11.0, 2: 12.0, 3: 9.0}, "b": {0: 11.0, 1: 13.0, 2: 12.5}})
+    d = paired_differences(res, "a", "b")
+    assert d["diffs"] == {0: 1.0, 1: 2.0, 2: 0.5} and d["n"] == 3  # seed 3 has no partner
+    sd = (((1 - 7 / 6) ** 2 + (2 - 7 / 6) ** 2 + (0.5 - 7 / 6) ** 2) / 2) ** 0.5
+    assert d["mean"] == pytest.approx(7 / 6) and d["ci95"] == pytest.approx(t_quantile_975(2) * sd / 3 ** 0.5)
+    with pytest.raises(ValueError, match="'c'.*valid choices: a, b"):
+        paired_differences(res, "a", "c")
+
+
+def test_the_decision_rule_needs_the_interval_and_every_seeds_bootstrap():
+    from posenc_lib.experiments.wmt14.report import ranking_verdict
+
+    res = _fake_results({"a": {0: 10.0, 1: 11.0, 2: 12.0}, "b": {0: 11.0, 1: 12.2, 2: 13.1}})
+    boot = _fake_boot({("a", "b", 0): (10.0, 11.0, 0.001), ("a", "b", 1): (11.0, 12.2, 0.01),
+                       ("b", "a", 2): (13.1, 12.0, 0.02)})  # a row may name the pair either way round
+    v = ranking_verdict(res, boot, "a", "b")
+    assert v["verdict"] == "b ahead" and v["seeds"][2]["delta"] == pytest.approx(1.1)
+    assert ranking_verdict(res, boot, "b", "a")["verdict"] == "a ahead"
+    boot[1][0]["bleu_p"] = 0.2  # one seed's bootstrap does not separate them: no ranking
+    assert ranking_verdict(res, boot, "a", "b")["verdict"] == "not separated"
+    one = _fake_results({"a": {0: 10.0}, "b": {0: 15.0}})  # one seed carries no interval
+    assert ranking_verdict(one, _fake_boot({("a", "b", 0): (10.0, 15.0, 0.001)}), "a", "b")["verdict"] == "not separated"

@@ -70,7 +70,10 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .step import append_to_cache, cached_len, cross_attention, cross_step, self_attention_step, takes_self_step
-from ..utils import check_divides, diagonal_sums, fill_closed_
+from ..utils import (
+    check_bool, check_divides, check_float_range, check_int_range, check_position_tensor, check_positive_int,
+    diagonal_sums, fill_closed_,
+)
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
 #: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs
@@ -165,6 +168,12 @@ def on_host(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
+def check_positions(q_pos, k_pos) -> None:
+    """The positions a scheme's ``prepare`` takes: 1-D integer tensors (dtype and shape only, no device read)."""
+    check_position_tensor("q_pos", q_pos, integer=True)
+    check_position_tensor("k_pos", k_pos, integer=True)
+
+
 class PositionScheme(nn.Module):
     """Base class and the ``none`` scheme: attention sees no position at all.
 
@@ -211,8 +220,8 @@ class PositionScheme(nn.Module):
         self.d_model = d_model
         self.n_heads = n_heads
         self.head_dim = check_divides(d_model, n_heads)
-        self.num_layers = num_layers
-        self.causal = causal
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.causal = check_bool("causal", causal)
 
     # -- the hooks --------------------------------------------------------------------------
     def embed(self, positions: torch.Tensor) -> torch.Tensor | None:
@@ -221,6 +230,7 @@ class PositionScheme(nn.Module):
 
     def prepare(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict[str, Any]:
         """Per-forward context shared by all layers of the stack."""
+        check_positions(q_pos, k_pos)
         return {"q_pos": q_pos, "k_pos": k_pos}
 
     def prepare_step(self, q_pos: torch.Tensor, k_pos: torch.Tensor, state: dict) -> dict[str, Any]:
@@ -355,6 +365,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         self.head_dim = check_divides(d_model, n_heads)
+        dropout = check_float_range("dropout", dropout, 0.0, 1.0, high_open=True)
+        bias = check_bool("bias", bias)
         self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -368,6 +380,36 @@ class MultiHeadAttention(nn.Module):
     #: ``(batch, len, 3 * d_model)`` queries, keys and values of self-attention in one product, or ``None`` where ``x``
     #: has too many rows for it (the three projections then run as they are)
     step_qkv = None
+
+    def _check_call(self, x, kv, key_padding_mask, causal, pos, layer, need_weights) -> None:
+        """:meth:`forward`'s arguments: dtypes, shapes and types only (no value is read, so no device sync)."""
+        for name, t in (("x", x), ("kv", kv)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor (batch, length, d_model), got {type(t).__name__}")
+            if not t.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+            batch = "batch" if t is x else f"batch={x.shape[0]}"
+            if t.ndim != 3 or t.shape[2] != self.d_model or (t is kv and t.shape[0] != x.shape[0]):
+                raise ValueError(f"{name} must have shape ({batch}, length, d_model={self.d_model}), "
+                                 f"got {tuple(t.shape)}")  # fmt: skip
+        if key_padding_mask is not None:
+            mask = key_padding_mask
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+                got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+                raise TypeError(f"key_padding_mask must be a bool tensor (True at padding) or None, got {got}")
+            keys = tuple((x if kv is None else kv).shape[:2])
+            if tuple(mask.shape) != keys:
+                raise ValueError(f"key_padding_mask must have shape (batch, length) = {keys}, got {tuple(mask.shape)}: "
+                                 "one entry per key")  # fmt: skip
+        check_bool("causal", causal)
+        check_bool("need_weights", need_weights)
+        if pos is not None and not isinstance(pos, PositionScheme):
+            raise TypeError(f"pos must be a PositionScheme (make_scheme(...)) or None, got {type(pos).__name__}")
+        last = pos.num_layers - 1 if pos is not None else None
+        if type(layer) is not int or layer < 0 or (last is not None and layer > last):
+            check_int_range("layer", layer, 0, last)  # the index among the scheme's num_layers layers
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, len, d_model) -> (batch, heads, len, head_dim)``."""
@@ -395,6 +437,8 @@ class MultiHeadAttention(nn.Module):
         for cross-attention it stores the projected memory once.
         Returns ``(batch, q_len, d_model)``, and the attention weights if ``need_weights``.
         """
+        if cache is None:  # a cached call is a decoding step: its model checked the inputs at the first step
+            self._check_call(x, kv, key_padding_mask, causal, pos, layer, need_weights)
         b, q_len, _ = x.shape
         want_weights = need_weights or self.keep_weights
         if kv is None and cache is not None and not want_weights and causal and (

@@ -55,7 +55,8 @@ import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
 from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
-                     read_json, run_calls, set_seed, timing_command, unique_choices)  # fmt: skip
+                     read_json, removed_if_left_empty, run_calls, set_seed, settings_diff, timing_command,
+                     unique_choices)  # fmt: skip
 from .long_context import lr_at, parse_selection
 
 SCHEMA = "posenc.cope_counting/1"
@@ -279,12 +280,11 @@ def check_folder(cfg: CopeCountingConfig, out, resume: bool) -> None:
         made = rec.get("config") if path.name != "config.json" else rec
         if made != config_record(cfg):
             other = made.get("name") if isinstance(made, dict) else None
-            diff = sorted(k for k, v in config_record(cfg).items() if not isinstance(made, dict) or made.get(k) != v)
             known = other in PROFILES and config_record(PROFILES[other]) == made
             fix = f"pass --profile {other} to continue it" if known else "restore the settings it was made with"
             raise ValueError(f"{path} was made with another configuration (profile {other!r}, differing in "
-                             f"{', '.join(diff)}) than this run's (profile {cfg.name!r}); {fix}, or choose another "
-                             "--out")  # fmt: skip
+                             f"{settings_diff(made, config_record(cfg))}) than this run's (profile {cfg.name!r}); "
+                             f"{fix}, or choose another --out")  # fmt: skip
 
 
 def run_all(cfg: CopeCountingConfig, seeds: Sequence[int], out, *, names: Sequence[str] | None = None, jobs: int = 1,
@@ -425,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--out {out} is a file; give a folder")
     t0 = time.perf_counter()
     try:
-        summary = run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
+        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
+            summary = run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
     except (FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

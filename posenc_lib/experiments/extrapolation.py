@@ -89,7 +89,8 @@ from ..models.seq2seq import Seq2SeqTransformer, build_model
 from ..schemes.registry import PE_TYPES, canonical_pe
 from ..utils import (
     INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_choice, check_divides, check_float_range,
-    check_int_range, check_positive_int, interrupted_message, interval95, read_json, run_calls, set_seed,
+    check_int_range, check_positive_int, interrupted_message, interval95, parse_seed_list, read_json,
+    removed_if_left_empty, run_calls, set_seed, settings_diff,
 )
 
 PAD, BOS, EOS = 0, 1, 2
@@ -775,8 +776,8 @@ def pending(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
                     stored = {**{k: v for k, v in ADDED_DEFAULTS.items() if k in want}, **stored}
                 if stored != want:
                     raise ValueError(
-                        f"{path} was made with a different configuration (profile {rec.get('profile')!r}, now "
-                        f"{cfg.name!r}); pass another --out folder, or the settings it was made with"
+                        f"{path} was made with a different configuration: {settings_diff(stored, want)}; pass "
+                        "another --out folder, or the settings it was made with"
                     )
                 continue
             todo.append((pe, seed))
@@ -1166,19 +1167,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                       steps=base.steps if a.steps is None else a.steps)  # fmt: skip
     except (TypeError, ValueError) as err:
         p.error(f"--lr/--bias-lr-scale/--steps: {err}")
-    try:
-        pes = all_runs(cfg.arch) if a.pe.strip().lower() == "all" else [run_name(x) for x in parse_list(a.pe, "--pe")]
-    except (TypeError, ValueError) as err:
-        p.error(f"--pe: {err}")
-    try:
-        seeds = []
-        for s in parse_list(a.seeds, "--seeds"):
+    runs = f"valid choices: all, {', '.join(RUN_ORDER)} (or a scheme's alias)"
+    if a.pe.strip().lower() == "all":
+        pes = all_runs(cfg.arch)
+    else:
+        names = [t.strip() for t in a.pe.split(",") if t.strip()]
+        if not names:
+            p.error(f"--pe is empty ({a.pe!r}); {runs}")
+        pes = []
+        for name in names:  # every name, before any work
             try:
-                seeds.append(int(s))
-            except ValueError:
-                raise ValueError(f"--seeds must be comma-separated integers, got {s!r}") from None
-            if not 0 <= seeds[-1] < 2**32:
-                raise ValueError(f"--seeds must lie in [0, 2**32 - 1], got {seeds[-1]}")
+                pes.append(run_name(name))
+            except (TypeError, ValueError):
+                p.error(f"--pe: unknown run {name!r}; {runs}")
+    try:
+        seeds = parse_seed_list(a.seeds)
     except ValueError as err:
         p.error(str(err))
     if a.jobs < 1:
@@ -1188,7 +1191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--out {out} is a file; give a folder for the result files")
     t0 = time.perf_counter()
     try:
-        run_all(cfg, pes, seeds, out, progress=not a.no_progress, jobs=a.jobs)
+        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
+            run_all(cfg, pes, seeds, out, progress=not a.no_progress, jobs=a.jobs)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -48,7 +48,8 @@ import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
 from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
-                     read_json, run_calls, set_seed, timing_command, unique_choices)
+                     read_json, removed_if_left_empty, run_calls, set_seed, settings_diff, timing_command,
+                     unique_choices)
 from . import inside_tools as tools
 from . import long_context as lc
 
@@ -259,8 +260,8 @@ def pending(cfg: InsideConfig, names: Sequence[str], seeds: Sequence[int], out, 
         path = result_path(out, n, s)
         rec = read_json(path)
         if not isinstance(rec, dict) or rec.get("config") != want:
-            made = rec.get("profile") if isinstance(rec, dict) else None
-            raise ValueError(f"{path} was made with another configuration (profile {made!r}, now {cfg.name!r}); "
+            made = rec.get("config") if isinstance(rec, dict) else rec
+            raise ValueError(f"{path} was made with another configuration: {settings_diff(made, want)}; "
                              "pass the --profile it was made with, or another --out folder")  # fmt: skip
     return [(n, s) for n in names for s in seeds if (n, s) not in done]
 
@@ -374,7 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--out {out} is a file; give a folder")
     t0 = time.perf_counter()
     try:
-        run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
+        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
+            run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

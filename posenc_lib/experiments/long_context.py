@@ -45,8 +45,9 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_torch_save, atomic_write_json, check_positive_int,
-                     interrupted_message, load_weights, read_json, run_calls, set_seed)
+from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_torch_save, atomic_write_json, check_folder_path,
+                     check_positive_int, interrupted_message, load_weights, parse_seed_list, read_json,
+                     removed_if_left_empty, run_calls, set_seed, settings_diff)
 from .wmt14.data import SHIPPED_DIR, find_file, read_lines
 
 SCHEMA = "posenc.longctx/1"
@@ -405,11 +406,12 @@ def finished(path: Path, cfg: LongContextConfig, **settings) -> bool:
     if not path.exists():
         return False
     rec = read_json(path)
-    if rec.get("config") != json.loads(json.dumps(asdict(cfg))) or any(rec.get(k) != v for k, v in settings.items()):
-        theirs = "".join(f", {k} {rec.get(k)!r}" for k in settings)
-        mine = "".join(f", {k} {v!r}" for k, v in settings.items())
-        raise ValueError(f"{path} was made with another configuration (profile {rec.get('profile')!r}{theirs}, now "
-                         f"{cfg.name!r}{mine}); pass another --out folder, or the settings it was made with")  # fmt: skip
+    want = json.loads(json.dumps({**asdict(cfg), **settings}))  # the record's fields beside its config
+    made = rec.get("config") if isinstance(rec, dict) else None
+    made = {**made, **{k: rec.get(k) for k in settings}} if isinstance(made, dict) else made
+    if made != want:
+        raise ValueError(f"{path} was made with another configuration: {settings_diff(made, want)}; pass another "
+                         "--out folder, or the settings it was made with")  # fmt: skip
     return True
 
 
@@ -492,12 +494,9 @@ def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, s
 def parse_seeds(p, text: str) -> list[int]:
     """``--seeds``, checked: a bad value ends the command through ``p.error`` with one line naming it."""
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        p.error(f"--seeds must be comma-separated integers, got {text!r}")
-    if not seeds:
-        p.error("--seeds is empty")
-    return seeds
+        return parse_seed_list(text)
+    except ValueError as err:
+        p.error(str(err))
 
 
 def run_command(p, out, ckpt, work, again: str) -> int:
@@ -506,9 +505,14 @@ def run_command(p, out, ckpt, work, again: str) -> int:
     for flag, folder in (("--out", out), ("--ckpt", ckpt)):
         if Path(folder).exists() and not Path(folder).is_dir():
             p.error(f"{flag} {folder} is a file; give a folder")
+        try:  # both before the first is made: a --ckpt under a file must not leave an empty --out behind
+            check_folder_path(folder, flag)
+        except ValueError as err:
+            p.error(str(err))
     t0 = time.perf_counter()
     try:
-        work()
+        with removed_if_left_empty(out, ckpt):  # refused in the lock (another writer, other settings): none stays
+            work()
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -519,14 +523,28 @@ def run_command(p, out, ckpt, work, again: str) -> int:
     return 0
 
 
+def parse_names(p, text: str, valid: Sequence[str], *, flag: str = "--models", what: str = "model",
+                all_word: str | None = "all", note: str | None = None) -> list[str]:
+    """A comma-separated list of names from ``valid`` (``all_word`` alone: every one), checked: an unknown name or
+    an empty list ends the command through ``p.error`` with one line naming it and the valid choices (then
+    ``note``, by default ``, or 'all'``)."""
+    if all_word is not None and text.strip() == all_word:
+        return list(valid)
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    choices = ", ".join(valid) + (note if note is not None else f", or {all_word!r}" if all_word else "")
+    if not names:
+        p.error(f"{flag} is empty ({text!r}); valid choices: {choices}")
+    bad = [m for m in names if m not in valid]
+    if bad:
+        p.error(f"unknown {what}(s) {bad}; valid choices: {choices}")
+    return list(dict.fromkeys(names))
+
+
 def parse_selection(p, a, valid: list[str]) -> tuple[list[int], list[str]]:
     """``--seeds``, ``--models`` and ``--jobs`` of a character-LM command line, checked: bad values end the
     command through ``p.error`` with one line naming the value and the valid choices."""
     seeds = parse_seeds(p, a.seeds)
-    names = valid if a.models == "all" else [m.strip() for m in a.models.split(",") if m.strip()]
-    bad = [m for m in names if m not in valid]
-    if bad or not names:
-        p.error(f"unknown model(s) {bad}; valid choices: {', '.join(valid)}")
+    names = parse_names(p, a.models, valid, flag=next(x for x in p._actions if x.dest == "models").option_strings[0])
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
     return seeds, names

@@ -24,7 +24,8 @@ from typing import Sequence
 
 import torch
 
-from ..utils import INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message, read_json, set_seed
+from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message, read_json,
+                     removed_if_left_empty, set_seed)
 from ..models.causal_lm import CausalLM
 from . import long_context as longctx
 
@@ -34,11 +35,16 @@ NAMES = ("sinusoidal", "t5", "t5-ablation")
 DEFAULT_OUT = "runs/long-context-extra"
 
 
+def result_file(name: str, out: str | Path = DEFAULT_OUT, seed: int = 0) -> Path:
+    """Where model ``name`` (of :data:`NAMES`) of ``seed`` is written in ``out``."""
+    return Path(out) / (f"t5_ablation_seed{seed}.json" if name == "t5-ablation" else f"{name}_seed{seed}.json")
+
+
 def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
         out: str | Path = DEFAULT_OUT) -> Path:
     """Train and evaluate one model; ``out/PE_seedSEED.json`` (skipped if it exists with this configuration;
     a file made with another one is refused, not taken for this one)."""
-    path = Path(out) / f"{pe}_seed{seed}.json"
+    path = result_file(pe, out, seed)
     if longctx.finished(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
@@ -76,7 +82,7 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     another one is refused): the buckets, how far the retrained table is from the ``t5_seedSEED.json`` table in
     ``out`` (0 when training is reproduced exactly; None without that file), and both evaluations.
     """
-    path = Path(out) / f"t5_ablation_seed{seed}.json"
+    path = result_file("t5-ablation", out, seed)
     if longctx.finished(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
@@ -121,7 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if Path(a.out).exists() and not Path(a.out).is_dir():
         p.error(f"--out {a.out} is a file; give a folder")
     try:
-        with FolderLock(a.out, what="--out folder"):
+        with removed_if_left_empty(a.out), FolderLock(a.out, what="--out folder"):
+            for name in dict.fromkeys(a.names):  # a file made with other settings is refused before any training
+                longctx.finished(result_file(name, a.out), longctx.COURSE)
             for name in dict.fromkeys(a.names):
                 if name == "t5-ablation":
                     t5_ablation(out=a.out)

@@ -286,10 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = lc.PROFILES[a.profile]
     seeds = lc.parse_seeds(p, a.seeds)
-    fts = [] if a.finetunes.strip() == "none" else [m.strip() for m in a.finetunes.split(",") if m.strip()]
-    bad = [m for m in fts if m not in STATIC]
-    if bad:
-        p.error(f"unknown fine-tune method(s) {bad}; valid choices: {', '.join(STATIC)}, or 'none'")
+    fts = [] if a.finetunes.strip() == "none" else lc.parse_names(
+        p, a.finetunes, STATIC, flag="--finetunes", what="fine-tune method", all_word=None, note=", or 'none'")
     if a.trials < 1:
         p.error(f"--trials must be a positive integer, got {a.trials}")
     if a.jobs < 1:

@@ -41,7 +41,7 @@ import torch
 from ..models.causal_lm import CausalLM
 from ..schemes.rope_spectrum import rotary_pairs
 from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
-                     run_calls, set_seed, timing_command)
+                     removed_if_left_empty, run_calls, set_seed, timing_command)
 from . import long_context as lc
 
 #: the fractions of each head that rotate, and the two kinds of partial rotary
@@ -189,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--out {out} is a file; give a folder")
     t0 = time.perf_counter()
     try:
-        run_all(cfg, seeds, out, names=names, jobs=a.jobs)
+        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
+            run_all(cfg, seeds, out, names=names, jobs=a.jobs)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -131,10 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = lc.PROFILES[a.profile]
     seeds = lc.parse_seeds(p, a.seeds)
-    names = [m.strip() for m in a.models.split(",") if m.strip()]
-    bad = [m for m in names if m not in MODELS]
-    if bad or not names:
-        p.error(f"unknown model(s) {bad}; valid choices: {', '.join(MODELS)}")
+    names = lc.parse_names(p, a.models, MODELS, all_word=None)
     out = a.out or f"runs/sliding-window-{a.profile}"
     return lc.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, names=names),
                           "rerun the same command to read the others (finished ones are skipped)")

@@ -33,16 +33,31 @@ Used by ``python -m posenc_lib.experiments.wmt14 --beam 4``; greedy decoding is 
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from . import decoding
 from .seq2seq import Seq2SeqTransformer
-from ..utils import check_positive_int, check_token_tensor
+from ..utils import check_float_range, check_padding_mask, check_positive_int, check_token_tensor
 
 
 def length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:
-    """GNMT ``((5 + length) / 6) ** alpha``."""
+    """GNMT ``((5 + length) / 6) ** alpha``; ``length`` (generated tokens) and ``alpha`` finite numbers >= 0."""
+    _check_alpha(alpha)
+    if not isinstance(length, torch.Tensor):  # a tensor's values are not read (no device sync)
+        check_float_range("length", length, 0.0)
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def _check_alpha(alpha) -> None:
+    """The length penalty exponent: a finite number >= 0 (0 picks the most probable hypothesis)."""
+    message = f"alpha (the length penalty exponent) must be a finite number >= 0, got {alpha!r}"
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(message)
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(message)
 
 
 @torch.no_grad()
@@ -65,11 +80,12 @@ def beam_search(
     As in :func:`~posenc_lib.models.decoding.greedy_decode`, ``eos_id=None`` means no token ends a
     hypothesis (exactly ``max_new_tokens`` are decoded), and an empty batch ``(0, S)`` gives ``(0, 1)``.
     """
+    decoding.check_model(model)
     check_token_tensor("src", src)
     k = check_positive_int("beam", beam)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha >= 0:
-        raise ValueError(f"alpha (the length penalty exponent) must be a number >= 0, got {alpha!r}")
+    _check_alpha(alpha)
+    check_padding_mask("src_key_padding_mask", src_key_padding_mask, *src.shape)  # before it is indexed below
     bos_id = decoding.check_token_id("bos_id", bos_id, model.vocab_size)  # the same checks and words as greedy
     if eos_id is not None:  # None: no end token, every hypothesis runs max_new_tokens (as greedy_decode)
         eos_id = decoding.check_token_id("eos_id", eos_id, model.vocab_size)

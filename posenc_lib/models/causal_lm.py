@@ -24,6 +24,7 @@ notebooks/16_inside_a_trained_model.ipynb (posenc_lib/experiments/inside.py).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,29 @@ from torch import nn
 
 from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
 from ..schemes.registry import canonical_pe, make_scheme
-from ..utils import check_positive_int, check_token_tensor
+from ..utils import check_bool, check_divides, check_positive_int, check_token_tensor
+
+
+def _check_vocab_ids(name: str, ids: torch.Tensor, vocab: int, note: str = "") -> None:
+    """``ValueError`` naming an id of ``ids`` outside ``[0, vocab)``; reads the ids, so on CPU tensors only."""
+    if on_host(ids) and ids.numel():
+        lo, hi = (int(v) for v in ids.aminmax())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"{name} holds id {lo if lo < 0 else hi} outside the vocabulary: vocab_size={vocab}, "
+                             f"valid ids 0..{vocab - 1}{note}")  # fmt: skip
+
+
+def _check_windows(windows) -> None:
+    """``windows (batch >= 1, T + 1 >= 2)`` integer token ids (inputs and next-character targets)."""
+    if not isinstance(windows, torch.Tensor):
+        raise TypeError(f"windows must be a torch.Tensor of token ids (batch, T + 1), got {type(windows).__name__}")
+    if windows.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"windows must hold integer token ids (torch.int64), got dtype {windows.dtype}")
+    if windows.dim() != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
+        raise ValueError(
+            f"windows must be (batch >= 1, T + 1 >= 2) token ids, got shape {tuple(windows.shape)}: "
+            "with no window or no next character the mean loss is undefined"
+        )
 
 
 class Block(nn.Module):
@@ -72,6 +95,7 @@ class CausalLM(nn.Module):
         super().__init__()
         for name, v in (("vocab_size", vocab_size), ("num_layers", num_layers), ("dim_feedforward", dim_feedforward)):
             check_positive_int(name, v)
+        check_divides(d_model, n_heads)
         self.dims = (d_model, n_heads, num_layers)
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)  # tied output: logits start near 0
@@ -95,10 +119,8 @@ class CausalLM(nn.Module):
     def forward(self, tokens: torch.Tensor, need_weights: bool = False):
         """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
         check_token_tensor("tokens", tokens)
-        vocab = self.embed.num_embeddings
-        if on_host(tokens) and tokens.numel() and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
-            bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
-            raise ValueError(f"tokens holds id {bad} outside the vocabulary: vocab_size={vocab}, valid ids 0..{vocab - 1}")
+        check_bool("need_weights", need_weights)
+        _check_vocab_ids("tokens", tokens, self.embed.num_embeddings)
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.embed(tokens) * math.sqrt(self.dims[0])
         weights = []
@@ -120,11 +142,8 @@ class CausalLM(nn.Module):
 
     def loss(self, windows: torch.Tensor) -> torch.Tensor:
         """Mean next-character cross-entropy (nats) of ``windows (batch, T + 1)``."""
-        if windows.dim() != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
-            raise ValueError(
-                f"windows must be (batch >= 1, T + 1 >= 2) token ids, got shape {tuple(windows.shape)}: "
-                "with no window or no next character the mean loss is undefined"
-            )
+        _check_windows(windows)
+        _check_vocab_ids("windows", windows, self.embed.num_embeddings)  # the last column is a target only
         logits = self(windows[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
 
@@ -141,6 +160,8 @@ class MaskedLM(CausalLM):
 
     def __init__(self, vocab_size: int, pe: str, *, mask_prob: float = 0.15, **kwargs):
         check_positive_int("vocab_size", vocab_size)
+        if isinstance(mask_prob, bool) or not isinstance(mask_prob, numbers.Real):
+            raise TypeError(f"mask_prob must lie in (0, 1), got {mask_prob!r} ({type(mask_prob).__name__})")
         if not 0.0 < mask_prob < 1.0:
             raise ValueError(f"mask_prob must lie in (0, 1), got {mask_prob!r}")
         super().__init__(vocab_size + 1, pe, **kwargs)
@@ -154,8 +175,9 @@ class MaskedLM(CausalLM):
         same training loop serves both); ``max(1, round(mask_prob * T))`` of them, drawn anew each call from
         torch's generator, are replaced by :attr:`mask_id` and predicted.
         """
-        if windows.dim() != 2 or windows.shape[0] < 1 or windows.shape[1] < 2:
-            raise ValueError(f"windows must be (batch >= 1, T + 1 >= 2) token ids, got shape {tuple(windows.shape)}")
+        _check_windows(windows)
+        # the data's characters are ids below mask_id: a mask id in the data would read as a [MASK]
+        _check_vocab_ids("windows", windows, self.mask_id, f" (mask_id={self.mask_id} is the model's [MASK])")
         x = windows[:, :-1]
         b, t = x.shape
         n = max(1, round(self.mask_prob * t))

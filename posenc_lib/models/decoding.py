@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .seq2seq import FEW_ROWS, Seq2SeqTransformer
-from ..utils import check_positive_int, check_token_tensor
+from ..utils import check_bool, check_positive_int, check_token_tensor
 
 #: on an accelerator, decoding loops check "has every row finished?" once per this many steps
 SYNC_EVERY = 8
@@ -63,6 +63,14 @@ def check_token_id(name: str, value, vocab_size: int) -> int:
     if not 0 <= value < vocab_size:
         raise ValueError(f"{name} must be {allowed}, got {value!r}: {detail}")
     return int(value)
+
+
+def check_model(model) -> None:
+    """``model`` can be decoded: a :class:`Seq2SeqTransformer`, or a model of its own with its ``encode``, ``decode``,
+    ``new_cache``, ``vocab_size`` and ``pad_id``."""
+    if not all(hasattr(model, a) for a in ("encode", "decode", "new_cache", "vocab_size", "pad_id")):
+        raise TypeError(f"model must be a Seq2SeqTransformer (build_model(...)) or have its encode, decode, new_cache, "
+                        f"vocab_size and pad_id, got {type(model).__name__}")  # fmt: skip
 
 
 #: the largest number of graphs :func:`torch.compile` keeps for the decoding step's code: a model needs two (the
@@ -231,14 +239,15 @@ def greedy_decode(
     ``bos_id``, ``eos_id`` and ``pad_id`` must be token ids of the model, in ``[0, vocab_size)``.
     ``compile=True`` (with the cache only) runs each step compiled (see the module's notes).
     """
+    check_model(model)
     check_token_tensor("src", src)
     max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
     check_token_id("bos_id", bos_id, model.vocab_size)
     if eos_id is not None:  # None: no end token, always decode max_new_tokens (benchmarks)
         check_token_id("eos_id", eos_id, model.vocab_size)
     pad_id = model.pad_id if pad_id is None else check_token_id("pad_id", pad_id, model.vocab_size)
-    if not isinstance(compile, bool):
-        raise TypeError(f"compile must be True or False, got {compile!r}")
+    check_bool("use_cache", use_cache)
+    check_bool("compile", compile)
     if compile and not use_cache:
         raise ValueError("compile=True needs use_cache=True: only the cached step is compiled")
     was_training = model.training

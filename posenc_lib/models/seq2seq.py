@@ -130,6 +130,7 @@ class DecoderCache:
         key/value buffers and a scheme's distance tables are made that long at the first step, so that no
         later step grows them (a compiled step then needs no new graph for a grown buffer).  ``None``: they
         start small and double when full."""
+        num_layers = check_positive_int("num_layers", num_layers)
         if capacity is not None:
             capacity = check_positive_int("capacity", capacity)
         self.layers = [{"self": {} if capacity is None else {"capacity": capacity}, "cross": {}} for _ in range(num_layers)]
@@ -140,7 +141,18 @@ class DecoderCache:
         self.scheme_state: dict = {} if capacity is None else {"capacity": capacity}
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows ``index`` (beam search)."""
+        """Keep batch rows ``index`` (beam search): a 1-D integer tensor of rows in ``[0, batch)``."""
+        if not isinstance(index, torch.Tensor):
+            raise TypeError(f"index must hold integer row ids (a 1-D torch.int64 tensor), got {type(index).__name__}")
+        if index.dtype not in (torch.int64, torch.int32) or index.dim() != 1:
+            raise TypeError(f"index must hold integer row ids (a 1-D torch.int64 tensor), got dtype {index.dtype}, "
+                            f"shape {tuple(index.shape)}")  # fmt: skip
+        batch = next((v.shape[0] for layer in self.layers for part in layer.values() for v in part.values()
+                      if isinstance(v, torch.Tensor)), None)  # fmt: skip
+        if batch is not None and index.numel() and on_host(index):  # reading the ids costs no sync on the CPU
+            lo, hi = (int(v) for v in index.aminmax())
+            if lo < 0 or hi >= batch:
+                raise ValueError(f"index holds row {lo if lo < 0 else hi} outside the cache: valid rows 0..{batch - 1}")
         for layer in self.layers:
             for part in layer.values():
                 for key, value in part.items():
@@ -211,8 +223,8 @@ class Seq2SeqTransformer(nn.Module):
         )  # fmt: skip
 
     # -- pieces --------------------------------------------------------------------------------
-    def _check_ids(self, name: str, ids: torch.Tensor) -> None:
-        """``ValueError`` naming the first id outside ``[0, vocab_size)`` in ``ids``.
+    def _check_ids(self, name: str, ids: torch.Tensor, what: str = "token id", note: str = "") -> None:
+        """``ValueError`` naming the first id outside ``[0, vocab_size)`` in ``ids`` (``note`` ends the message).
 
         Runs on CPU tensors only: on an accelerator, reading the ids back would stall the
         device at every step (a bad id there trips the embedding's device-side assert instead).
@@ -224,8 +236,8 @@ class Seq2SeqTransformer(nn.Module):
         if bool(bad.any()):
             row, col = (int(i) for i in bad.nonzero()[0])
             raise ValueError(
-                f"{name} holds token id {int(ids[row, col])} (at row {row}, position {col}) outside the "
-                f"vocabulary: vocab_size={self.vocab_size}, valid ids 0..{self.vocab_size - 1}"
+                f"{name} holds {what} {int(ids[row, col])} (at row {row}, position {col}) outside the "
+                f"vocabulary: vocab_size={self.vocab_size}, valid ids 0..{self.vocab_size - 1}{note}"
             )
 
     def _check_length(self, scheme: PositionScheme, n_positions: int, where: str) -> None:
@@ -268,15 +280,32 @@ class Seq2SeqTransformer(nn.Module):
     ) -> torch.Tensor:
         """``tgt (B, T)`` -> logits ``(B, T, vocab)``.  With ``cache`` only the new tokens are passed."""
         self._check_ids("tgt", tgt)
+        if cache is not None and not isinstance(cache, DecoderCache):
+            raise TypeError(f"cache must be a DecoderCache (model.new_cache()) or None, got {type(cache).__name__}")
         offset = cache.offset if cache is not None else 0
         t = tgt.shape[1]
         self._check_length(self.dec_pos, offset + t, "a target")
         check_padding_mask("tgt_key_padding_mask", tgt_key_padding_mask, tgt.shape[0], offset + t)
-        if memory.dim() != 3 or memory.shape[0] != tgt.shape[0]:
-            raise ValueError(f"tgt has batch size {tgt.shape[0]} but memory (the encoded src) has shape "
-                             f"{tuple(memory.shape)}: src and tgt must hold the same number of sequences")
+        self._check_memory(memory, tgt.shape[0])
         check_padding_mask("memory_key_padding_mask", memory_key_padding_mask, *memory.shape[:2])
         return self.decode_unchecked(tgt, memory, memory_key_padding_mask, tgt_key_padding_mask, cache)
+
+    def _check_memory(self, memory, batch: int) -> None:
+        """``memory`` is the encoder's output for ``batch`` sequences: ``(batch, src_len, d_model)`` floats."""
+        if not isinstance(memory, torch.Tensor):
+            raise TypeError(f"memory must be a torch.Tensor (the output of encode(src)), got {type(memory).__name__}")
+        if not memory.is_floating_point():
+            raise TypeError(f"memory must be a floating-point tensor (the output of encode(src)), got {memory.dtype}")
+        if memory.dim() == 3 and memory.shape[0] != batch:
+            raise ValueError(f"tgt has batch size {batch} but memory (the encoded src) has shape "
+                             f"{tuple(memory.shape)}: src and tgt must hold the same number of sequences")  # fmt: skip
+        if memory.dim() != 3 or memory.shape[2] != self.d_model:
+            raise ValueError(f"memory must have shape (batch, src_len, d_model) = ({batch}, src_len, {self.d_model}), "
+                             f"got {tuple(memory.shape)}")  # fmt: skip
+        weight = self.embed.weight
+        if memory.dtype != weight.dtype and not torch.is_autocast_enabled(memory.device.type):
+            raise TypeError(f"memory has dtype {memory.dtype} but the model's weights {weight.dtype}; pass "
+                            "encode(src)'s output, or run both under torch.autocast")  # fmt: skip
 
     def decode_unchecked(
         self,
@@ -350,10 +379,17 @@ class Seq2SeqTransformer(nn.Module):
 
         A batch whose ``tgt_out`` is nothing but padding has no token to average over (the mean
         would be NaN) and is a ``ValueError``: every target the course builds ends with EOS, so
-        such a batch is a bug in the caller.  The check reads ``tgt_out`` and so runs on CPU
-        tensors only; on an accelerator it would stall the device at every step.
+        such a batch is a bug in the caller.  ``tgt_out`` has ``tgt_in``'s shape and holds ids in
+        ``[0, vocab_size)``, ``pad_id`` where a position is ignored.  The checks that read ``tgt_out``
+        run on CPU tensors only; on an accelerator they would stall the device at every step.
         """
+        label_smoothing = check_float_range("label_smoothing", label_smoothing, 0.0, 1.0)
+        check_token_tensor("tgt_in", tgt_in)
         check_token_tensor("tgt_out", tgt_out)
+        if tgt_out.shape != tgt_in.shape:
+            raise ValueError(f"tgt_out must have the shape of tgt_in, {tuple(tgt_in.shape)}, got "
+                             f"{tuple(tgt_out.shape)} (tgt_out[:, t] is the token after tgt_in[:, t])")  # fmt: skip
+        self._check_ids("tgt_out", tgt_out, "target id", f" (positions to ignore hold pad_id={self.pad_id}, not -100)")
         if on_host(tgt_out) and not bool((tgt_out != self.pad_id).any()):
             raise ValueError(
                 f"no target tokens: every target position is padding (pad_id={self.pad_id}) in tgt_out of shape "

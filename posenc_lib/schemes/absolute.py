@@ -28,18 +28,27 @@ import numbers
 import torch
 from torch import nn
 
-from ..utils import check_float_range, check_positive_int
+from ..utils import check_float_range, check_float_tensor, check_position_tensor, check_positive_int
+
+
+def _check_dtype(dtype, floating: bool = False) -> None:
+    """``dtype`` is a torch dtype (a floating one where the positions are fractions)."""
+    if not isinstance(dtype, torch.dtype) or (floating and not dtype.is_floating_point):
+        kind = "a floating-point torch.dtype (e.g. torch.float32)" if floating else "a torch.dtype (e.g. torch.float32)"
+        raise TypeError(f"dtype must be {kind}, got {dtype!r}")
 
 
 def integer_positions(length: int, dtype=torch.float32) -> torch.Tensor:
     """``(length,)`` tensor ``[0, 1, ..., length-1]``."""
     length = check_positive_int("length", length)
+    _check_dtype(dtype)
     return torch.arange(length, dtype=dtype)
 
 
 def normalized_positions(length: int, dtype=torch.float32) -> torch.Tensor:
     """``(length,)`` positions scaled to ``[0, 1]``: ``t / (length - 1)`` (``[0.]`` for one token)."""
     length = check_positive_int("length", length)
+    _check_dtype(dtype, floating=True)  # an integer dtype cannot hold the fractions
     if length == 1:
         return torch.zeros(1, dtype=dtype)
     return torch.arange(length, dtype=dtype) / (length - 1)
@@ -51,6 +60,7 @@ def binary_positions(length: int, n_bits: int | None = None, dtype=torch.float32
     ``n_bits`` defaults to the fewest bits that give every position a unique code.
     """
     length = check_positive_int("length", length)
+    _check_dtype(dtype)
     needed = max(1, (length - 1).bit_length())
     if n_bits is None:
         n_bits = needed
@@ -81,6 +91,7 @@ class LearnedPositionalEmbedding(nn.Module):
         The range check reads the positions, so it runs on CPU tensors only (on an
         accelerator it would stall the device; the model checks lengths with plain ints).
         """
+        check_position_tensor("positions", positions, integer=True, dim=None)
         if positions.numel() and on_host(positions) and int(positions.max()) >= self.max_len:
             raise ValueError(
                 f"position {int(positions.max())} is beyond the learned table (max_len={self.max_len}, "
@@ -103,6 +114,7 @@ def hierarchical_positions(table: torch.Tensor, alpha: float = 0.4) -> torch.Ten
     ``q_j = p_j`` for ``j < n``: the extended table reproduces the original one.
     Returns ``(n**2, d)``.
     """
+    check_float_tensor("table", table)
     if table.dim() != 2:
         raise ValueError(f"table must have shape (n, d), got shape {tuple(table.shape)}")
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0.0 < alpha < 1.0 or alpha == 0.5:

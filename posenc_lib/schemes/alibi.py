@@ -31,8 +31,10 @@ import math
 
 import torch
 
-from ..attention.layer import PositionScheme, on_host
-from ..utils import check_choice, check_positive_int, consecutive, relative_positions, toeplitz_bias
+from ..attention.layer import PositionScheme, check_positions, on_host
+from ..utils import (
+    check_bool, check_choice, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
+)
 
 #: a bias of at least this many elements (heads x queries x keys) over one window of consecutive positions is
 #: kept as one value per offset ``j - i`` and laid out only where a call needs it whole (:meth:`ALiBi.bias`); a
@@ -68,7 +70,22 @@ def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, s
     Always float32, whatever the dtype of ``slopes``: a bf16 distance is already rounded
     above 256 (8 significant bits), before the multiply.
     ``split=True``: even heads get ``-inf`` for keys right of the query, odd heads for keys left of it.
+    ``q_pos``, ``k_pos``: 1-D integer or (for fractional positions) floating tensors; ``slopes``: ``(heads,)``.
     """
+    check_position_tensor("q_pos", q_pos)
+    check_position_tensor("k_pos", k_pos)
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"slopes must be a torch.Tensor of shape (heads,) (alibi_slopes(n_heads)), got "
+                        f"{type(slopes).__name__}")  # fmt: skip
+    if slopes.dtype == torch.bool or slopes.is_complex():
+        raise TypeError(f"slopes must hold real numbers (alibi_slopes(n_heads) is float32), got dtype {slopes.dtype}")
+    if slopes.dim() != 1:
+        raise ValueError(f"slopes must have shape (heads,), got {tuple(slopes.shape)}")
+    return _alibi_bias(q_pos, k_pos, slopes, check_bool("split", split))
+
+
+def _alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool) -> torch.Tensor:
+    """:func:`alibi_bias` without its checks (the scheme's positions are checked by :meth:`ALiBi.prepare`)."""
     rel = relative_positions(q_pos, k_pos)
     bias = -(slopes.float()[:, None, None] * rel.abs().float()[None])
     if split:
@@ -116,11 +133,12 @@ class ALiBi(PositionScheme):
         offset (``"offset_values"``), laid out into the whole bias by the first layer that asks for it
         (:meth:`bias`); a causal training call on the fused CPU path lays out one block of queries at a time
         (:meth:`offset_bias`)."""
+        check_positions(q_pos, k_pos)
         values = self._offset_values(q_pos, k_pos)
         if values is not None:
             return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
         split = self.bidirectional == "split" and not self.causal
-        return {"q_pos": q_pos, "k_pos": k_pos, "bias": alibi_bias(q_pos, k_pos, self.slopes, split)}
+        return {"q_pos": q_pos, "k_pos": k_pos, "bias": _alibi_bias(q_pos, k_pos, self.slopes, split)}
 
     def offset_bias(self, ctx) -> torch.Tensor | None:
         """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where

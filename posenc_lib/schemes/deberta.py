@@ -29,17 +29,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention.layer import PositionScheme
+from ..attention.layer import PositionScheme, check_positions
 from ..attention.step import distance_table
-from ..utils import check_positive_int
+from ..utils import check_position_tensor, check_positive_int
 
 
 def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
     """Log-bucketed relative positions (sign kept): exact for ``|r| <= bucket_size // 2``.
 
     Beyond, ``sign(r) * (mid + ceil(log(|r|/mid) / log((max_position - 1)/mid) * (mid - 1)))``
-    with ``mid = bucket_size // 2``.  Returns int64 of the same shape.
+    with ``mid = bucket_size // 2``.  ``relative_position``: an integer tensor; returns int64 of the same shape.
     """
+    check_position_tensor("relative_position", relative_position, integer=True, dim=None)
     bucket_size = check_positive_int("bucket_size", bucket_size)
     max_position = check_positive_int("max_position", max_position)
     mid = bucket_size // 2
@@ -169,6 +170,7 @@ class DebertaDisentangled(PositionScheme):
         self.rel_norm = nn.LayerNorm(d_model)
 
     def prepare(self, q_pos, k_pos):
+        check_positions(q_pos, k_pos)
         index = deberta_index(q_pos, k_pos, self.position_buckets, self.position_buckets, self.max_relative_positions)
         rel = self.rel_norm(self.rel_embeddings.weight)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "rel": rel, "ends_cache": {}}

@@ -50,7 +50,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..attention.layer import PositionScheme, on_host
+from ..attention.layer import PositionScheme, check_positions, on_host
 from ..utils import check_float_range, check_positive_int, table_bias
 
 #: added to the normaliser ``psi(max(L, i))`` (the paper's reference code)
@@ -184,6 +184,7 @@ class FIRE(PositionScheme):
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
     def prepare(self, q_pos, k_pos):
+        check_positions(q_pos, k_pos)
         ctx = {"q_pos": q_pos, "k_pos": k_pos}
         if self.shared_layers:  # FIRE-S: one bias for every layer of the stack, as T5's
             ctx["bias"] = self.compute_bias(q_pos, k_pos, 0)

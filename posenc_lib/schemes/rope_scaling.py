@@ -81,7 +81,7 @@ from typing import Any
 
 import torch
 
-from ..utils import check_even
+from ..utils import INTEGER_DTYPES, check_bool, check_even, check_float_range, check_position_tensor
 
 #: rope_type -> (required keys, optional keys with their defaults)
 ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
@@ -224,6 +224,12 @@ def scaled_rope_frequencies(
     if isinstance(base, bool) or not isinstance(base, Real) or not base > 1:
         raise ValueError(f"base must be a number > 1, got {base!r}")
     scaling = check_scaling(scaling)
+    if isinstance(seq_len, torch.Tensor):  # a 0-d count on the device: its value is not read
+        if seq_len.ndim != 0 or not (seq_len.dtype.is_floating_point or seq_len.dtype in INTEGER_DTYPES):
+            raise TypeError(f"seq_len must be a number or a 0-d tensor (the current length), got a tensor of "
+                            f"shape {tuple(seq_len.shape)} and dtype {seq_len.dtype}")  # fmt: skip
+    elif seq_len is not None:
+        check_float_range("seq_len", seq_len, 0.0)
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
     inv_freq = 1.0 / (base**exponents)
     if scaling is None:
@@ -294,6 +300,8 @@ def scaled_rope_cos_sin(
     scaling: dict | None = None, seq_len: int | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """cos and sin ``(seq, head_dim)`` float32 for ``positions (seq,)``, scaled, times ``attention_scale``."""
+    check_position_tensor("positions", positions)
+    check_bool("interleaved", interleaved)
     inv_freq, scale = scaled_rope_frequencies(head_dim, base, scaling, seq_len, device=positions.device)
     ang = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     ang = ang.repeat_interleave(2, dim=-1) if interleaved else torch.cat((ang, ang), dim=-1)

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from .rope_scaling import LENGTH_DEPENDENT, check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401
-from ..utils import check_even, check_float_range, check_float_tensor
+from ..utils import check_bool, check_even, check_float_range, check_float_tensor, check_position_tensor
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:
@@ -44,13 +44,15 @@ def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """``(seq, head_dim // 2)`` float32 angles ``m * theta_k``."""
+    """``(seq, head_dim // 2)`` float32 angles ``m * theta_k``; ``positions (seq,)`` integer or (fractional) float."""
+    check_position_tensor("positions", positions)
     theta = rope_frequencies(head_dim, base, positions.device)
     return positions.to(torch.float32)[:, None] * theta[None, :]
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float = 10000.0, interleaved: bool = True):
     """cos and sin expanded to ``(seq, head_dim)`` for the chosen pairing (float32)."""
+    check_bool("interleaved", interleaved)
     ang = rope_angles(positions, head_dim, base)
     if interleaved:
         ang = ang.repeat_interleave(2, dim=-1)  # th0 th0 th1 th1 ...
@@ -59,21 +61,55 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float = 10000.0, 
     return ang.cos(), ang.sin()
 
 
+def _check_pairs(x) -> None:
+    """``x`` is a tensor whose last dimension splits into rotation pairs."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (..., head_dim), got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(f"x must have an even last dimension (rotation pairs), got shape {tuple(x.shape)}")
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """``[x1, x2] -> [-x2, x1]`` on the last dimension (half-split pairing)."""
+    _check_pairs(x)
+    return _rotate_half(x)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
 def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     """``(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)`` (interleaved pairing)."""
+    _check_pairs(x)
+    return _rotate_pairs(x)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     x_even, x_odd = x[..., 0::2], x[..., 1::2]
     return torch.stack((-x_odd, x_even), dim=-1).flatten(-2)
 
 
 def apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = True) -> torch.Tensor:
-    """Rotate ``x (..., seq, head_dim)`` with precomputed ``cos, sin (seq, head_dim)``."""
-    rot = rotate_pairs(x) if interleaved else rotate_half(x)
+    """Rotate ``x (..., seq, head_dim)`` with precomputed ``cos, sin (seq, head_dim)`` (or shapes that broadcast)."""
+    check_float_tensor("x", x)
+    _check_pairs(x)
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_float_tensor(name, t)
+        if t.dim() == 0 or t.shape[-1] != x.shape[-1]:
+            raise ValueError(f"{name} must have the last dimension of x, {x.shape[-1]}, got shape {tuple(t.shape)}")
+    try:
+        torch.broadcast_shapes(x.shape, cos.shape, sin.shape)
+    except RuntimeError:
+        raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x's shape "
+                         f"{tuple(x.shape)} (seq, head_dim)") from None  # fmt: skip
+    return _apply_rope_cos_sin(x, cos, sin, check_bool("interleaved", interleaved))
+
+
+def _apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """:func:`apply_rope_cos_sin` without its checks: the schemes' rotation at every layer and decoding step."""
+    rot = _rotate_pairs(x) if interleaved else _rotate_half(x)
     out = x.float() * cos + rot.float() * sin
     return out.to(x.dtype)
 
@@ -81,10 +117,13 @@ def apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in
 def _checked_positions(x: torch.Tensor, positions: torch.Tensor | None):
     """Validate ``x (..., seq, head_dim)`` and ``positions``; returns ``seq, head_dim, positions``."""
     check_float_tensor("x", x)
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., seq, head_dim), got {tuple(x.shape)}")
     seq, head_dim = x.shape[-2], x.shape[-1]
     check_even("head_dim", head_dim)
     if positions is None:
         positions = torch.arange(seq, device=x.device)
+    check_position_tensor("positions", positions, dim=None)
     if positions.dim() != 1 or positions.shape[0] != seq:
         raise ValueError(f"positions must be 1-D with length seq={seq}, got shape {tuple(positions.shape)}")
     return seq, head_dim, positions.to(x.device)
@@ -100,7 +139,7 @@ def apply_rope(
     """
     seq, head_dim, positions = _checked_positions(x, positions)
     cos, sin = rope_cos_sin(positions, head_dim, base, interleaved)
-    return apply_rope_cos_sin(x, cos, sin, interleaved)
+    return _apply_rope_cos_sin(x, cos, sin, interleaved)
 
 
 def apply_rope_complex(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0) -> torch.Tensor:
@@ -132,7 +171,7 @@ class RotaryCache(nn.Module):
         super().__init__()
         self.head_dim = check_even("head_dim", head_dim)
         self.base = base
-        self.interleaved = interleaved
+        self.interleaved = check_bool("interleaved", interleaved)
         self.scaling = check_scaling(scaling)
         scaled_rope_frequencies(self.head_dim, base, self.scaling)  # reject a bad base or head_dim now
         self._cos: torch.Tensor | None = None
@@ -143,13 +182,26 @@ class RotaryCache(nn.Module):
 
         ``seq_len``: the current total length, read by ``dynamic`` and ``longrope`` scaling only.
         """
+        check_position_tensor("positions", positions)
+        return self.cos_sin(positions, seq_len)
+
+    def cos_sin(self, positions: torch.Tensor, seq_len: torch.Tensor | int | None = None):
+        """:meth:`forward` without its check of ``positions`` (a scheme's ``prepare`` has made it)."""
         if self.scaling is not None and self.scaling["rope_type"] in LENGTH_DEPENDENT:
             return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling, seq_len)
-        if positions.device.type != "cpu" or torch.compiler.is_compiling():
+        if positions.device.type != "cpu" or torch.compiler.is_compiling() or positions.dtype.is_floating_point:
             # growing the table reads positions.max() back, which would stall an accelerator on
-            # every forward (and break a compiled graph): compute the rows directly (the same float32 numbers)
+            # every forward (and break a compiled graph): compute the rows directly (the same float32 numbers);
+            # the table has no row for a fractional position either
             return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling)
-        need = int(positions.max()) + 1 if positions.numel() else 0
+        count = positions.numel()
+        if count == 1:  # a decoding step's one position: one read
+            lo = hi = int(positions)
+        else:
+            lo, hi = (int(v) for v in positions.aminmax()) if count else (0, -1)
+        if lo < 0:  # the table's rows are positions 0, 1, ...: index -1 would read the last row
+            return scaled_rope_cos_sin(positions, self.head_dim, self.base, self.interleaved, self.scaling)
+        need = hi + 1
         if self._cos is None or self._cos.shape[0] < need or self._cos.device != positions.device:
             n = max(need, 64 if self._cos is None else 2 * self._cos.shape[0])
             self._cos, self._sin = scaled_rope_cos_sin(
@@ -162,7 +214,7 @@ class RotaryCache(nn.Module):
         return f"head_dim={self.head_dim}, base={self.base}, interleaved={self.interleaved}{extra}"
 
 
-from ..attention.layer import PositionScheme  # noqa: E402
+from ..attention.layer import PositionScheme, check_positions  # noqa: E402
 
 
 class RotaryScheme(PositionScheme):
@@ -192,16 +244,17 @@ class RotaryScheme(PositionScheme):
         self.interleaved = interleaved
 
     def prepare(self, q_pos, k_pos):
-        cos, sin = self.cache(q_pos, k_pos.max() + 1 if k_pos.numel() else None)
+        check_positions(q_pos, k_pos)
+        cos, sin = self.cache.cos_sin(q_pos, k_pos.max() + 1 if k_pos.numel() else None)
         return {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
 
     def rotate(self, q, k, ctx, layer):
         cos, sin = ctx["cos"], ctx["sin"]
         r = self.rotary_dim
         if r == self.head_dim:
-            return (apply_rope_cos_sin(q, cos, sin, self.interleaved), apply_rope_cos_sin(k, cos, sin, self.interleaved))
-        q = torch.cat((apply_rope_cos_sin(q[..., :r], cos, sin, self.interleaved), q[..., r:]), dim=-1)
-        k = torch.cat((apply_rope_cos_sin(k[..., :r], cos, sin, self.interleaved), k[..., r:]), dim=-1)
+            return _apply_rope_cos_sin(q, cos, sin, self.interleaved), _apply_rope_cos_sin(k, cos, sin, self.interleaved)
+        q = torch.cat((_apply_rope_cos_sin(q[..., :r], cos, sin, self.interleaved), q[..., r:]), dim=-1)
+        k = torch.cat((_apply_rope_cos_sin(k[..., :r], cos, sin, self.interleaved), k[..., r:]), dim=-1)
         return q, k
 
     def extra_repr(self):

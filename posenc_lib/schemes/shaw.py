@@ -44,7 +44,7 @@ from torch import nn
 
 from ..attention import cpu_flash
 from ..attention.cpu_flash import sum_per_row as _sum_per_row
-from ..attention.layer import PositionScheme, _block_keys, on_host
+from ..attention.layer import PositionScheme, _block_keys, check_positions, on_host
 from ..utils import check_positive_int, relative_positions
 
 
@@ -219,6 +219,7 @@ class ShawRelative(PositionScheme):
         self.table_v = nn.Parameter(torch.randn(num_layers, rows, self.head_dim) * self.head_dim**-0.5)
 
     def prepare(self, q_pos, k_pos):
+        check_positions(q_pos, k_pos)
         index = shaw_index(q_pos, k_pos, self.max_relative_position)
         plan = shaw_plan(index, 2 * self.max_relative_position + 1)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "plan": plan}

@@ -21,7 +21,7 @@ import numbers
 import torch
 from torch import nn
 
-from ..utils import check_even, check_float_range, check_positive_int
+from ..utils import check_even, check_float_range, check_position_tensor, check_positive_int
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0, dtype=torch.float32, device=None) -> torch.Tensor:
@@ -36,6 +36,7 @@ def sinusoidal_encode(positions: torch.Tensor, dim: int, base: float = 10000.0) 
 
     Phases are computed in float32 (float64 if ``positions`` is float64).
     """
+    check_position_tensor("positions", positions, dim=None)
     dtype = torch.float64 if positions.dtype == torch.float64 else torch.float32
     return _encode(positions, sinusoidal_frequencies(dim, base, dtype, positions.device))
 
@@ -72,6 +73,7 @@ def sinusoidal_table_2d(height: int, width: int, dim: int, base: float = 10000.0
     """``(height, width, dim)`` 2-D code: first ``dim/2`` channels code the row, the rest the column."""
     check_positive_int("height", height)
     check_positive_int("width", width)
+    check_positive_int("dim", dim)
     if dim % 4:
         raise ValueError(f"dim must be divisible by 4 for the 2-D variant (sin/cos for rows and columns), got {dim}")
     rows = sinusoidal_table(height, dim // 2, base)  # (H, dim/2)
@@ -99,6 +101,7 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         """``positions: (seq,)`` -> ``(seq, d_model)`` float32 (float64 for float64 positions)."""
+        check_position_tensor("positions", positions, dim=None)
         if positions.dtype == torch.float64:
             return sinusoidal_encode(positions, self.d_model, self.base)
         return _encode(positions, self.freqs)

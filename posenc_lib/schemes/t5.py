@@ -27,9 +27,11 @@ import math
 import torch
 from torch import nn
 
-from ..attention.layer import PositionScheme, on_host
+from ..attention.layer import PositionScheme, check_positions, on_host
 from ..attention.step import distance_table
-from ..utils import check_positive_int, consecutive, relative_positions, toeplitz_bias
+from ..utils import (
+    check_bool, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
+)
 
 #: a bias of at least this many elements (heads x queries x keys) over consecutive positions is laid out
 #: from one value per offset (see :meth:`T5Bias.compute_bias`): at L = 1024 and 8 heads the embedding
@@ -41,7 +43,9 @@ TOEPLITZ_MIN_ELEMENTS: int | None = 2**20
 def t5_relative_bucket(
     relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
 ) -> torch.Tensor:
-    """Bucket index in ``[0, num_buckets)`` for ``relative_position = key_pos - query_pos``."""
+    """Bucket index in ``[0, num_buckets)`` for ``relative_position = key_pos - query_pos`` (an integer tensor)."""
+    check_position_tensor("relative_position", relative_position, integer=True, dim=None)
+    check_bool("bidirectional", bidirectional)
     num_buckets = check_positive_int("num_buckets", num_buckets)
     max_distance = check_positive_int("max_distance", max_distance)
     if bidirectional and num_buckets % 2:
@@ -76,6 +80,7 @@ def t5_distance_index(relative_position: torch.Tensor, max_distance: int) -> tor
     logarithmic sharing: ``max_distance`` rows instead of ``num_buckets``, and left and right look alike.
     """
     max_distance = check_positive_int("max_distance", max_distance)
+    check_position_tensor("relative_position", relative_position, integer=True, dim=None)
     return relative_position.long().abs().clamp(max=max_distance - 1)
 
 
@@ -89,7 +94,8 @@ class T5Bias(PositionScheme):
         super().__init__(d_model, n_heads, num_layers, causal)
         self.num_buckets = check_positive_int("num_buckets", num_buckets)
         self.max_distance = check_positive_int("max_distance", max_distance)
-        t5_relative_bucket(torch.zeros(1), not causal, num_buckets, max_distance)  # refuse bad sizes now
+        zero = torch.zeros(1, dtype=torch.long)
+        t5_relative_bucket(zero, not causal, num_buckets, max_distance)  # refuse bad sizes now
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
         nn.init.normal_(self.relative_attention_bias.weight, std=0.02)
 
@@ -128,6 +134,7 @@ class T5Bias(PositionScheme):
         offset (``"offset_values"``), laid out into the bias by the first layer that asks for it (:meth:`bias`).
         A causal training call on the fused CPU path never asks, nor an encoder's call at batch 1: it lays out one
         block of queries at a time (:meth:`offset_bias`)."""
+        check_positions(q_pos, k_pos)
         values = self._offset_values(q_pos, k_pos)
         if values is None:
             return {"q_pos": q_pos, "k_pos": k_pos, "bias": self.compute_bias(q_pos, k_pos)}

@@ -31,13 +31,15 @@ import math
 import torch
 from torch import nn
 
-from ..attention.layer import PositionScheme, on_host
+from ..attention.layer import PositionScheme, check_positions, on_host
 from ..attention.step import distance_table
-from ..utils import check_even, check_float_range, fill_closed_
+from ..utils import check_even, check_float_range, check_position_tensor, fill_closed_
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """``(n, d_model)``: ``[sin(d * w), cos(d * w)]`` with ``w_k = base^(-2k/d_model)`` (XLNet layout)."""
+    """``(n, d_model)``: ``[sin(d * w), cos(d * w)]`` with ``w_k = base^(-2k/d_model)`` (XLNet layout) for
+    ``distances (n,)``, integer or floating."""
+    check_position_tensor("distances", distances)
     check_even("d_model", d_model)
     check_float_range("base", base, 1.0, low_open=True)
     return _sinusoid(distances, d_model, base)
@@ -188,6 +190,7 @@ class XLNetRelative(PositionScheme):
         self.v = nn.Parameter(torch.randn(num_layers, n_heads, self.head_dim) * 0.02)  # r_r_bias
 
     def prepare(self, q_pos, k_pos):
+        check_positions(q_pos, k_pos)
         if not (_is_arange(q_pos) and _is_arange(k_pos)):
             raise ValueError("xlnet relative attention expects contiguous positions (aranges) for the relative shift")
         n = q_pos.numel() + k_pos.numel() - 1

@@ -41,9 +41,9 @@ import math
 
 import torch
 
-from ..attention.layer import PositionScheme, on_host
+from ..attention.layer import PositionScheme, check_positions, on_host
 from ..utils import check_even, check_float_range, check_positive_int
-from .rotary import RotaryCache, apply_rope_cos_sin
+from .rotary import RotaryCache, _apply_rope_cos_sin
 
 #: the largest ``|log(factor)|`` allowed (float32 and bfloat16 hold ``exp(+-88)``; a margin for the product)
 MAX_LOG_SCALE = 80.0
@@ -104,7 +104,8 @@ class XPos(PositionScheme):
         return self
 
     def prepare(self, q_pos, k_pos):
-        cos, sin = self.cache(q_pos)
+        check_positions(q_pos, k_pos)
+        cos, sin = self.cache.cos_sin(q_pos)
         ctx = {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
         if not self.causal:  # the library's bidirectional form: rotation only (not the paper's)
             return ctx
@@ -125,9 +126,10 @@ class XPos(PositionScheme):
             tables_q = tables_k = (ctx["cos"], ctx["sin"])
         r = self.rotary_dim
         if r == self.head_dim:
-            return apply_rope_cos_sin(q, *tables_q, self.interleaved), apply_rope_cos_sin(k, *tables_k, self.interleaved)
-        q = torch.cat((apply_rope_cos_sin(q[..., :r], *tables_q, self.interleaved), q[..., r:]), dim=-1)
-        k = torch.cat((apply_rope_cos_sin(k[..., :r], *tables_k, self.interleaved), k[..., r:]), dim=-1)
+            q_rot = _apply_rope_cos_sin(q, *tables_q, self.interleaved)
+            return q_rot, _apply_rope_cos_sin(k, *tables_k, self.interleaved)
+        q = torch.cat((_apply_rope_cos_sin(q[..., :r], *tables_q, self.interleaved), q[..., r:]), dim=-1)
+        k = torch.cat((_apply_rope_cos_sin(k[..., :r], *tables_k, self.interleaved), k[..., r:]), dim=-1)
         return q, k
 
     def extra_repr(self):

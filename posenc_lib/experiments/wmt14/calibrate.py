@@ -42,9 +42,10 @@ from ...schemes.registry import canonical_pe
 from .tokenizer import get_tokenizer
 from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
 from ...utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
-                      available_cores, check_positive_int, interrupted_message, read_json)
-from .pipeline import (DIRECTIONS, DEFAULT_PES, hardware, make_run_folders, parse_pes, parse_seeds, parse_sets,
-                       prepare_data, resolve_jobs)
+                      available_cores, check_folder_path, check_positive_int, interrupted_message, read_json, removed_if_left_empty)
+from .data import check_data_dir
+from .pipeline import (DIRECTIONS, DEFAULT_PES, check_hardware, default_ckpt_dir, hardware, make_run_folders,
+                       parse_pes, parse_seeds, parse_sets, prepare_data, resolve_jobs)
 
 #: how long a process waits for the others before timing alone (s)
 BARRIER_TIMEOUT_S = 900.0
@@ -200,12 +201,19 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
         check_positive_int(flag, v)
     if not (isinstance(budget_min, (int, float)) and math.isfinite(budget_min) and budget_min > 0):
         raise ValueError(f"--budget-min must be a positive number of minutes, got {budget_min!r}")
-    run_dir, ckpt_root = make_run_folders(out, ckpt_dir)
-    # one writer per run folder: a second calibration (or the run) would also time its updates under contention
-    with FolderLock(run_dir, what="--out folder", log=log), FolderLock(ckpt_root, what="--ckpt-dir", log=log):
-        return _calibrate_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
-                                 source=source, vocab=vocab, device=device, jobs=jobs, warm=warm, updates=updates,
-                                 sample=sample, budget_min=budget_min, ckpt_dir=ckpt_dir, threads=threads, log=log)
+    for flag, folder in (("--out", out), ("--ckpt-dir", ckpt_dir)):
+        if folder is not None:
+            check_folder_path(folder, flag)
+    if data_dir is not None and source != "hub":
+        check_data_dir(data_dir)
+    # a refusal leaves no empty folder behind
+    with removed_if_left_empty(out, ckpt_dir if ckpt_dir is not None else default_ckpt_dir(out)):
+        run_dir, ckpt_root = make_run_folders(out, ckpt_dir)
+        # one writer per run folder: a second calibration (or the run) would also time its updates under contention
+        with FolderLock(run_dir, what="--out folder", log=log), FolderLock(ckpt_root, what="--ckpt-dir", log=log):
+            return _calibrate_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
+                                     source=source, vocab=vocab, device=device, jobs=jobs, warm=warm, updates=updates,
+                                     sample=sample, budget_min=budget_min, ckpt_dir=ckpt_dir, threads=threads, log=log)
 
 
 def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, data_dir, source, vocab, device,
@@ -359,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", default="auto", help="models the run will train at once (an integer or 'auto')")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads per process")
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present; the gpu profile on a "
+                                                  "machine without one needs --device cpu)")
     ap.add_argument("--warm", type=int, default=WARM, help=f"untimed updates first (default {WARM})")
     ap.add_argument("--updates", type=int, default=UPDATES, help=f"timed updates per scheme (default {UPDATES})")
     ap.add_argument("--sample", type=int, default=SAMPLE, help=f"newstest2014 sentences decoded (default {SAMPLE})")
@@ -371,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
             resolve_jobs(args.jobs, "cpu", 1)
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be a positive integer, got {args.threads}")
-    except ValueError as err:
+        device = check_hardware(prof, args.device)
+    except (ValueError, FileNotFoundError) as err:
         ap.error(str(err))
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -379,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         calibrate(prof, pes, seeds, args.out or f"runs/wmt14-{prof.name}", direction=args.direction,
                   data_dir=args.data_dir, source=args.source, vocab=args.vocab, jobs=args.jobs, warm=args.warm,
                   updates=args.updates, sample=args.sample, budget_min=args.budget_min, ckpt_dir=args.ckpt_dir,
-                  threads=args.threads)
+                  threads=args.threads, device=device)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

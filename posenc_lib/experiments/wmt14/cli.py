@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from ...utils import INTERRUPTED, CliParser, interrupted_message
+from ...utils import INTERRUPTED, CliParser, check_folder_path, interrupted_message
 from . import calibrate, pipeline
-from .pipeline import (DEFAULT_PES, DIRECTIONS, check_device, make_data, parse_pes, parse_seeds, parse_sets, resolve_jobs,
-                       run, score)
+from .data import check_data_dir
+from .pipeline import (DEFAULT_PES, DIRECTIONS, check_device, check_hardware, make_data, parse_pes, parse_seeds, parse_sets,
+                       resolve_jobs, run, score)
 from .train import PROFILES, get_profile
 
 
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "(an integer or 'auto': one per 38 GiB of GPU memory, at most 4)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a profile field")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (per job)")
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present, else cpu; "
+                                                  "the gpu profile on a machine without one needs --device cpu)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -139,10 +142,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.jobs.strip().lower() != "auto":
             resolve_jobs(args.jobs, "cpu", 1)
         for flag, folder in (("--out", args.out), ("--ckpt-dir", args.ckpt_dir)):
-            if folder and Path(folder).exists() and not Path(folder).is_dir():
-                raise ValueError(f"{flag} {folder} is a file; give a folder")
+            if folder:
+                check_folder_path(folder, flag)
         if args.resume and args.overwrite:
             raise ValueError("--resume continues unfinished models and --overwrite starts them again: pass one of them")
+        device = check_hardware(prof, args.device)
+        if args.data_dir is not None and args.source != "hub":  # files read from it
+            check_data_dir(args.data_dir)
         if args.vocab is not None:
             if prof.tokenizer != "mbert":
                 raise ValueError(f"--vocab is read only by the mbert tokenizer (this run uses {prof.tokenizer!r}); "
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         run(prof, pes, seeds, out, direction=args.direction,
             data_dir=args.data_dir, source=args.source, vocab=args.vocab, resume=args.resume, overwrite=args.overwrite,
             progress=not args.no_progress and sys.stderr.isatty(), stop_after=args.stop_after,
-            ckpt_dir=args.ckpt_dir, jobs=args.jobs, threads=args.threads)
+            ckpt_dir=args.ckpt_dir, jobs=args.jobs, threads=args.threads, device=device)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import lzma
+import math
 import os
 import random
 import zlib
@@ -48,6 +49,38 @@ def find_file(data_dir: str | os.PathLike, name: str) -> Path:
         f"missing data file {base} (also tried .xz and .gz); a data directory needs "
         f"{', '.join(f'{s}.fr/{s}.en' for s in SPLITS)} (heldout is optional), one sentence per line"
     )
+
+
+def _has_file(data_dir: Path, name: str) -> bool:
+    return any((data_dir / f"{name}{ext}").is_file() for ext in ("", ".xz", ".gz"))
+
+
+def has_split(data_dir: str | os.PathLike, split: str) -> bool:
+    """Whether ``data_dir`` holds either side of ``split``; a folder holding one side only is refused with a
+    ``FileNotFoundError`` naming the missing half (it is never completed from the shipped files)."""
+    data_dir = Path(data_dir)
+    present = [lang for lang in LANGS if _has_file(data_dir, f"{split}.{lang}")]
+    if len(present) == 1:
+        missing = next(lang for lang in LANGS if lang not in present)
+        raise FileNotFoundError(
+            f"{data_dir} holds {find_file(data_dir, f'{split}.{present[0]}').name} but not {split}.{missing} (nor "
+            f".xz/.gz): the two sides of a split come as a pair; add {split}.{missing} or remove the other half")
+    return bool(present)
+
+
+def check_data_dir(data_dir: str | os.PathLike, splits: tuple[str, ...] = SPLITS[:3]) -> Path:
+    """Check that a ``--data-dir`` holds every file a run reads (both sides of ``splits``, and both or neither
+    side of the optional held-out set) before any work; returns the folder."""
+    data_dir = Path(data_dir)
+    if not data_dir.exists():
+        raise FileNotFoundError(f"data directory {data_dir} does not exist")
+    if not data_dir.is_dir():
+        raise ValueError(f"data directory {data_dir} is a file, not a folder")
+    for split in splits:
+        if not has_split(data_dir, split):
+            find_file(data_dir, f"{split}.{LANGS[0]}")  # names the file and what a data directory needs
+    has_split(data_dir, "heldout")
+    return data_dir
 
 
 def _raw_bytes(path: Path) -> bytes:
@@ -115,13 +148,38 @@ def read_parallel(data_dir: str | os.PathLike, split: str, limit: int | None = N
         limit = check_positive_int("limit", limit)
     paths = [find_file(data_dir, f"{split}.{lang}") for lang in LANGS]
     fr, en = (read_lines(p) for p in paths)
-    if len(fr) != len(en):
-        longer = paths[0] if len(fr) > len(en) else paths[1]
-        raise ValueError(
-            f"{paths[0]} has {len(fr)} lines but {paths[1]} has {len(en)}: the two sides of a split must be "
-            f"line-aligned (line {min(len(fr), len(en)) + 1} of {longer} has no translation)"
-        )
+    check_aligned(fr, en, *paths)
     return (fr[:limit], en[:limit]) if limit else (fr, en)
+
+
+def out_of_step_at(longer: list[str], shorter: list[str]) -> int:
+    """The 1-based line of ``longer`` where its extra lines most likely begin: the split point at which pairing
+    line ``i`` with ``i`` before it, and ``i + extra`` with ``i`` after it, matches sentence lengths best."""
+    d, n = len(longer) - len(shorter), len(shorter)
+
+    def cost(x: str, y: str) -> float:
+        return abs(math.log((1 + len(x)) / (1 + len(y))))  # a sentence and its translation have similar lengths
+
+    before = [0.0]
+    for i in range(n):
+        before.append(before[-1] + cost(longer[i], shorter[i]))
+    after = [0.0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        after[i] = after[i + 1] + cost(longer[i + d], shorter[i])
+    return min(range(n + 1), key=lambda k: before[k] + after[k]) + 1
+
+
+def check_aligned(fr: list[str], en: list[str], fr_name, en_name) -> None:
+    """``ValueError`` if two sides of a split differ in length, naming both counts and the line near which they
+    fall out of step (judged by sentence lengths), not only the end where one runs out."""
+    if len(fr) == len(en):
+        return
+    (longer, name), (shorter, other) = sorted([(fr, fr_name), (en, en_name)], key=lambda t: -len(t[0]))
+    k, extra = out_of_step_at(longer, shorter), len(longer) - len(shorter)
+    raise ValueError(
+        f"{fr_name} has {len(fr)} lines but {en_name} has {len(en)}: the two sides of a split must be line-aligned; "
+        f"they fall out of step near line {k} of {name} (by sentence lengths, {'that line has' if extra == 1 else f'the {extra} lines from there have'} "
+        f"no translation in {other}; the end of {other} is line {len(shorter)})")
 
 
 def dedup_pairs(fr: list[str], en: list[str], exclude: tuple[list[str], list[str]] | None = None):
@@ -196,14 +254,10 @@ def load_wmt14(
                 ) from err
             why = f" (Hugging Face hub unreachable: {type(err).__name__})"
     if splits is None:
-        data_dir = Path(data_dir) if data_dir is not None else SHIPPED_DIR
-        if not data_dir.exists():
-            raise FileNotFoundError(f"data directory {data_dir} does not exist")
-        if not data_dir.is_dir():
-            raise ValueError(f"data directory {data_dir} is a file, not a folder")
+        data_dir = check_data_dir(data_dir if data_dir is not None else SHIPPED_DIR)
         splits = {s: read_parallel(data_dir, s, max_train if s == "train" else None) for s in SPLITS[:3]}
         where = f"local files in {data_dir}{why}"
-    hdir = data_dir if data_dir is not None and any(Path(data_dir).glob("heldout.fr*")) else SHIPPED_DIR
+    hdir = data_dir if data_dir is not None and has_split(data_dir, "heldout") else SHIPPED_DIR
     splits["heldout"] = read_parallel(hdir, "heldout")
     n_raw = len(splits["train"][0])
     splits["train"] = dedup_pairs(*splits["train"], exclude=splits["heldout"])
@@ -234,6 +288,9 @@ def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, se
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if not src_dir.is_dir():
         raise FileNotFoundError(f"make-data: source folder {src_dir} does not exist")
+    check_data_dir(src_dir, splits=("train",))  # and no half of a test pair (each is read from here when whole)
+    for split in ("newstest2013", "newstest2014"):
+        has_split(src_dir, split)
     if out_dir.resolve() == SHIPPED_DIR.resolve() or out_dir.resolve() == src_dir.resolve():
         raise ValueError(f"make-data: --out {out_dir} would overwrite its own input; choose a new folder")
     if out_dir.exists() and not out_dir.is_dir():
@@ -250,7 +307,7 @@ def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, se
 def _make_data_locked(src_dir: Path, out_dir: Path, *, pairs, max_words, seed, extra, log) -> dict:
     tests = {}
     for split in ("newstest2013", "newstest2014"):
-        where = src_dir if any(src_dir.glob(f"{split}.fr*")) else SHIPPED_DIR
+        where = src_dir if has_split(src_dir, split) else SHIPPED_DIR
         tests[split] = read_parallel(where, split)
     tests["heldout"] = read_parallel(SHIPPED_DIR, "heldout")
     banned = (set().union(*(set(t[0]) for t in tests.values())), set().union(*(set(t[1]) for t in tests.values())))
@@ -268,8 +325,7 @@ def _make_data_locked(src_dir: Path, out_dir: Path, *, pairs, max_words, seed, e
     if extra:
         ex_fr = read_lines(find_file(src_dir / "extra", "newsdev2008-2012.fr"))
         ex_en = read_lines(find_file(src_dir / "extra", "newsdev2008-2012.en"))
-        if len(ex_fr) != len(ex_en):
-            raise ValueError(f"make-data: {src_dir}/extra/newsdev2008-2012.fr and .en differ in length")
+        check_aligned(ex_fr, ex_en, f"{src_dir}/extra/newsdev2008-2012.fr", f"{src_dir}/extra/newsdev2008-2012.en")
         ex_fr, ex_en = dedup_pairs(ex_fr, ex_en, exclude=(banned[0] | set(train[0]), banned[1] | set(train[1])))
         n_extra = len(ex_fr)
         train = (train[0] + ex_fr, train[1] + ex_en)

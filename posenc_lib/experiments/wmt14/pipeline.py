@@ -45,12 +45,13 @@ import torch
 
 from ...schemes.registry import PE_TYPES, canonical_pe
 from ...utils import (FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores,
-                      check_choice, check_folder_path, one_line, read_json, read_lines_exact)
-from .data import hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
+                      check_choice, check_folder_path, one_line, parse_seed_list, read_json, read_lines_exact,
+                      removed_if_left_empty)
+from .data import check_aligned, check_data_dir, hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
 from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
                        translate)
 from .tokenizer import get_tokenizer
-from .train import Profile, barrier, cpu_bf16_native, cuda_bf16_native, dist_info, resolve_precision, train_model
+from .train import GPU_PROFILES, Profile, barrier, cpu_bf16_native, cuda_bf16_native, dist_info, resolve_precision, train_model
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -80,17 +81,9 @@ def parse_pes(text: str) -> list[str]:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``--seeds``: comma-separated integers, at least one; a seed named twice (``0,0,00``) counts once."""
-    seeds = []
-    for s in text.split(","):
-        if s.strip():
-            try:
-                seeds.append(int(s))
-            except ValueError:
-                raise ValueError(f"--seeds must be comma-separated integers, got {s.strip()!r}") from None
-    if not seeds:
-        raise ValueError(f"--seeds must name at least one integer seed, got {text!r}")
-    return list(dict.fromkeys(seeds))
+    """``--seeds``: comma-separated integers from 0 to 2**32 - 1, at least one; a seed named twice (``0,0,00``)
+    counts once."""
+    return parse_seed_list(text)
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:
@@ -212,8 +205,7 @@ def read_test_sets(run_dir) -> dict[str, tuple[list[str], list[str]]]:
     out = {}
     for name in TESTS:
         src, ref = (_read_lines(run_dir / f"{kind}.{name}.txt") for kind in ("src", "ref"))
-        if len(src) != len(ref):
-            raise ValueError(f"{run_dir}/src.{name}.txt has {len(src)} lines but ref.{name}.txt has {len(ref)}")
+        check_aligned(src, ref, run_dir / f"src.{name}.txt", run_dir / f"ref.{name}.txt")
         out[name] = (src, ref)
     return out
 
@@ -501,6 +493,16 @@ def make_run_folders(out, ckpt_dir=None) -> tuple[Path, Path]:
     return run_dir, ckpt_root
 
 
+def check_hardware(prof: Profile, device: str | None) -> str:
+    """The device a run uses (``--device``, default cuda if present); a profile made for a GPU (:data:`GPU_PROFILES`)
+    on a machine without one is refused unless ``--device cpu`` asks for it (a rehearsal)."""
+    if prof.name in GPU_PROFILES and device is None and not torch.cuda.is_available():
+        raise ValueError(f"profile {prof.name!r} is the recipe for one CUDA GPU and this machine has none "
+                         "(torch.cuda.is_available() is False); use --profile laptop, cpu or smoke here, or pass "
+                         "--device cpu to rehearse it on the CPU anyway")
+    return check_device(device)
+
+
 def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike, *, direction: str = "fr-en",
         data_dir=None, source: str = "auto", vocab=None, resume: bool = False, overwrite: bool = False,
         device: str | None = None, progress: bool = True, stop_after: int | None = None, ckpt_dir=None,
@@ -518,12 +520,21 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
     check_choice("direction", direction, DIRECTIONS)
     if resume and overwrite:
         raise ValueError("--resume continues unfinished models and --overwrite starts them again: pass one of them")
-    run_dir, ckpt_root = make_run_folders(out, ckpt_dir)
+    for flag, folder in (("--out", out), ("--ckpt-dir", ckpt_dir)):
+        if folder is not None:
+            check_folder_path(folder, flag)
+    if data_dir is not None and source != "hub":
+        check_data_dir(data_dir)  # every file it reads, before a folder is made
     rank, world = dist_info()
-    with _lock_folders((run_dir, ckpt_root), rank, world, log):
-        return _run_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
-                           source=source, vocab=vocab, resume=resume, overwrite=overwrite, device=device,
-                           progress=progress, stop_after=stop_after, jobs=jobs, threads=threads, log=log)
+    run_dir = Path(out)
+    # a refusal leaves no empty folder behind (rank 0 alone makes and removes them)
+    with removed_if_left_empty(run_dir, Path(ckpt_dir) if ckpt_dir is not None else default_ckpt_dir(run_dir)) \
+            if rank == 0 else contextlib.nullcontext():
+        run_dir, ckpt_root = make_run_folders(out, ckpt_dir)
+        with _lock_folders((run_dir, ckpt_root), rank, world, log):
+            return _run_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
+                               source=source, vocab=vocab, resume=resume, overwrite=overwrite, device=device,
+                               progress=progress, stop_after=stop_after, jobs=jobs, threads=threads, log=log)
 
 
 def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, data_dir, source, vocab, resume,

@@ -2,6 +2,7 @@
 
 * :func:`seed_stats`: a metric's per-seed values, mean and 95% t-interval per scheme;
 * :func:`bootstrap_by_seed`: sacreBLEU's paired bootstrap between schemes, for every seed (not only the first);
+* :func:`paired_differences`, :func:`ranking_verdict`: scheme B - scheme A seed by seed, and the one decision rule;
 * :func:`within_training_length`: BLEU and chrF on the test sentences whose source fits the training length;
 * :func:`bleu_by_length_over_seeds`: BLEU per source-length bucket, averaged over the seeds.
 
@@ -49,6 +50,51 @@ def seed_stats(results: dict, test: str = "heldout", metric: str = "bleu") -> di
             out[pe] = {"values": vals, "mean": mean, "ci95": half, "n": len(vals), "min": min(vals.values()),
                        "max": max(vals.values())}
     return out
+
+
+def paired_differences(results: dict, a: str, b: str, test: str = "heldout", metric: str = "bleu") -> dict:
+    """Scheme ``b`` minus scheme ``a`` seed by seed (the design is paired: within a seed both share the data, the
+    batch order and the initial weights of every shared part): ``{"diffs": {seed: b - a}, "mean", "ci95", "n"}``
+    over the seeds both have; ``ci95`` is the half-width of the 95% t-interval of the mean difference (nan for one
+    seed), so the interval is ``mean ± ci95``."""
+    stats = seed_stats(results, test, metric)
+    for pe in (a, b):
+        if pe not in stats:
+            raise ValueError(f"scheme {pe!r} has no {metric!r} on {test!r}; valid choices: {', '.join(stats)}")
+    seeds = sorted(set(stats[a]["values"]) & set(stats[b]["values"]))
+    if not seeds:
+        raise ValueError(f"{a!r} and {b!r} share no seed: a paired difference needs the same seeds")
+    diffs = {s: stats[b]["values"][s] - stats[a]["values"][s] for s in seeds}
+    mean, half = interval95(list(diffs.values()))
+    return {"diffs": diffs, "mean": mean, "ci95": half, "n": len(seeds)}
+
+
+#: the lesson's one decision rule: B is ranked ahead of A only if the paired 95% interval of B - A (over at least
+#: MIN_SEEDS seeds) lies above 0 and sacreBLEU's paired bootstrap gives p < ALPHA for B over A in every one of them
+ALPHA, MIN_SEEDS = 0.05, 2
+
+
+def ranking_verdict(results: dict, boot: dict[int, list[dict]], a: str, b: str, test: str = "heldout") -> dict:
+    """:data:`the decision rule <ALPHA>` applied to BLEU of ``b`` against ``a``: the paired difference (as
+    :func:`paired_differences`), each shared seed's bootstrap ``p`` and ``delta`` (b - a), and ``verdict``:
+    ``"b ahead"``, ``"a ahead"`` or ``"not separated"``.  ``boot``: :func:`bootstrap_by_seed`'s answer."""
+    d = paired_differences(results, a, b, test, "bleu")
+    per_seed = {}
+    for seed in d["diffs"]:
+        rows = [r for r in boot.get(seed, []) if {r["baseline"], r["system"]} == {a, b}]
+        if not rows:
+            raise ValueError(f"the bootstrap has no row for {a!r} and {b!r} in seed {seed}")
+        r = rows[0]
+        delta = r["bleu_system"] - r["bleu_baseline"]
+        per_seed[seed] = {"p": r["bleu_p"], "delta": delta if r["system"] == b else -delta}
+    lo, hi = d["mean"] - d["ci95"], d["mean"] + d["ci95"]
+    enough = d["n"] >= MIN_SEEDS and not math.isnan(d["ci95"])
+    verdict = "not separated"
+    if enough and lo > 0 and all(v["p"] < ALPHA and v["delta"] > 0 for v in per_seed.values()):
+        verdict = "b ahead"
+    elif enough and hi < 0 and all(v["p"] < ALPHA and v["delta"] < 0 for v in per_seed.values()):
+        verdict = "a ahead"
+    return {**d, "seeds": per_seed, "verdict": verdict}
 
 
 def _lines(path: Path) -> list[str]:

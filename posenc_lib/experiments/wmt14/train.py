@@ -187,6 +187,10 @@ PROFILES: dict[str, Profile] = {
 }  # fmt: skip
 
 
+#: profiles sized for a CUDA GPU: refused on a machine without one unless the device is asked for (a rehearsal)
+GPU_PROFILES = ("gpu",)
+
+
 def get_profile(name: str, overrides: dict | None = None) -> Profile:
     """A profile by name with ``overrides`` (strings are converted to the field's type, then validated)."""
     if name not in PROFILES:
