@@ -187,3 +187,17 @@ def test_the_decision_rule_needs_the_interval_and_every_seeds_bootstrap():
     assert ranking_verdict(res, boot, "a", "b")["verdict"] == "not separated"
     one = _fake_results({"a": {0: 10.0}, "b": {0: 15.0}})  # one seed carries no interval
     assert ranking_verdict(one, _fake_boot({("a", "b", 0): (10.0, 15.0, 0.001)}), "a", "b")["verdict"] == "not separated"
+
+
+def test_the_precision_table_is_the_rendering_of_both_runs():
+    """results/wmt14-laptop-precision/precision.md is what report.precision_* make of the two results.json."""
+    other = RUN.parent / "wmt14-laptop-precision"
+    rows = R.precision_pairs(RUN, other)
+    assert {(r["pe"], r["seed"]) for r in rows} == {("shaw", 2), ("rope", 2)}
+    assert all(r["a"] == "fp32" and r["b"] == "bf16" for r in rows)
+    for r in rows:
+        for a, b, d in r["scores"].values():
+            assert d == pytest.approx(b - a, abs=1e-6)
+    assert (other / "precision.md").read_text() == R.PRECISION_HEADER + R.precision_markdown(rows)
+    with pytest.raises(ValueError, match="no model is in both run folders"):
+        R.precision_markdown(R.precision_pairs(RUN, RUN))

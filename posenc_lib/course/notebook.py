@@ -151,6 +151,11 @@ RESULT_COMMANDS = {
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume, then the same "
                             "with --pe learned,t5,xlnet,deberta,alibi --seeds 0 and with --pe t5,alibi --seeds 1 "
                             "--set precision=fp32",
+    "results/wmt14-laptop-precision": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe shaw,rope --seeds 2 "
+                                      "--jobs 2 --threads 1 --out results/wmt14-laptop-precision --resume (bf16, the "
+                                      "profile's precision; the same models of results/wmt14-laptop trained in fp32), "
+                                      "then python -m posenc_lib.experiments.wmt14.report precision results/wmt14-laptop "
+                                      "results/wmt14-laptop-precision",
     "results/wmt14-gpu-short": "SOURCE=files SEEDS=0 RUN_DIR=results/wmt14-gpu-short bash scripts/gpu_finale.sh start 4 "
                                "(on one H200 GPU; the calibration fits max_steps to the 4-minute budget)",
     "results/wmt14-gpu-500": "SOURCE=files SEEDS=0 PES=none,sinusoidal,rope JOBS=3 RUN_DIR=results/wmt14-gpu-500 bash "

@@ -211,3 +211,80 @@ def plot_seed_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu
     ax.set_ylabel(METRIC_LABELS[metric])
     ax.set_title(f"{METRIC_LABELS[metric]}\non {test}", fontsize=10)
     return {pe: stats[pe] for pe in pes}
+
+
+#: the scores :func:`precision_pairs` compares, as (test, key in the model's tests, label)
+PRECISION_SCORES = (("heldout", "bleu", "BLEU in-domain"), ("heldout", "chrf", "chrF in-domain"),
+                    ("newstest2014", "bleu", "BLEU newstest2014"), ("newstest2014", "bleu_bp", "BP newstest2014"))
+
+
+def precision_pairs(run_a, run_b) -> list[dict]:
+    """The models two run folders share (same scheme and seed, hence the same data, batch order and initial
+    weights) trained in different precisions: ``[{"pe", "seed", "a": precision, "b": precision, "scores":
+    {label: (score_a, score_b, b - a)}}]`` in ``run_a``'s order.  The difference is the precision's effect on
+    one model, seed noise of training included (the two diverge from the first rounding on)."""
+    ra, rb = read_json(Path(run_a) / "results.json"), read_json(Path(run_b) / "results.json")
+    rows = []
+    for pe, by_seed in ra["models"].items():
+        for seed, ma in by_seed.items():
+            mb = rb["models"].get(pe, {}).get(seed)
+            if mb is None or mb["precision"] == ma["precision"]:
+                continue
+            scores = {}
+            for test, key, label in PRECISION_SCORES:
+                x, y = ma["tests"][test][key], mb["tests"][test][key]
+                scores[label] = (x, y, round(y - x, 3))
+            rows.append({"pe": pe, "seed": int(seed), "a": ma["precision"], "b": mb["precision"], "scores": scores})
+    return rows
+
+
+def precision_markdown(rows: list[dict]) -> str:
+    """:func:`precision_pairs` as a Markdown table: each score in both precisions and the difference."""
+    if not rows:
+        raise ValueError("no model is in both run folders in different precisions")
+    labels = [label for _, _, label in PRECISION_SCORES]
+    head = "| scheme | seed | " + " | ".join(f"{lab}: {rows[0]['a']} → {rows[0]['b']} (Δ)" for lab in labels) + " |"
+    lines = [head, "|" + "---|" * (2 + len(labels))]
+    for r in rows:
+        cells = [f"{a:g} → {b:g} ({d:+.{3 if lab.startswith('BP') else 2}f})"
+                 for lab, (a, b, d) in ((lab, r["scores"][lab]) for lab in labels)]
+        lines.append(f"| {r['pe']} | {r['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+PRECISION_HEADER = """# The precision of the finale's laptop recipe, measured
+
+The models of this folder repeat models of `results/wmt14-laptop` with the same scheme, seed, data, batch
+order and initial weights, in another precision (`precision` in each `result.json`). The table gives each
+score in both and the difference; it is written from the two `results.json` by
+`python -m posenc_lib.experiments.wmt14.report precision results/wmt14-laptop results/wmt14-laptop-precision`.
+A difference holds the precision's effect and the training noise it sets off (the two runs part at the first
+rounding), so it is the size of change a precision switch can cause, not a bias of one precision.
+
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m posenc_lib.experiments.wmt14.report precision RUN_A RUN_B``: write ``RUN_B/precision.md``."""
+    import sys
+
+    from ...utils import CliParser, atomic_write_text
+
+    ap = CliParser(prog="python -m posenc_lib.experiments.wmt14.report",
+                   description="Tables generated from finished WMT14 run folders.")
+    ap.add_argument("table", choices=["precision"])
+    ap.add_argument("run_a", help="the run folder of the reference models (e.g. results/wmt14-laptop)")
+    ap.add_argument("run_b", help="the run folder of the same models in another precision; precision.md goes here")
+    args = ap.parse_args(argv)
+    try:
+        text = PRECISION_HEADER + precision_markdown(precision_pairs(args.run_a, args.run_b))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    atomic_write_text(Path(args.run_b) / "precision.md", text)
+    print(f"wrote {Path(args.run_b) / 'precision.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
