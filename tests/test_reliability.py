@@ -601,8 +601,7 @@ def test_folder_lock_refuses_a_living_holder_and_takes_over_a_dead_ones(tmp_path
                                                "something.*another --out folder"):
             FolderLock(tmp_path, what="--out folder").acquire()
         with pytest.raises(ValueError, match="being written by another process"):  # a run refuses it too
-            run(tiny(), ["none"], [0], tmp_path, data_dir=tmp_path / "nowhere", source="files", log=quiet,
-                ckpt_dir=tmp_path / "ck")
+            run(tiny(), ["none"], [0], tmp_path, source="files", log=quiet, ckpt_dir=tmp_path / "ck")
     finally:
         holder.kill()
         holder.wait()

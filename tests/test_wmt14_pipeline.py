@@ -387,7 +387,8 @@ def test_gpu_profile_runs_without_datasets_or_bert_score(tmp_path):
     assert probe.returncode != 0 and "not installed here" in probe.stderr  # the blocker works
     d = tiny_dir(tmp_path, n_train=200, short_tests=True)
     out = tmp_path / "gpu"
-    cmd = [sys.executable, "-m", "posenc_lib.experiments.wmt14", "--profile", "gpu", "--pe", "none,rope", "--set", "max_steps=2",
+    cmd = [sys.executable, "-m", "posenc_lib.experiments.wmt14", "--profile", "gpu", "--device", "cpu", "--pe", "none,rope",
+           "--set", "max_steps=2",
            "--set", "max_train_pairs=2000", "--set", "eval_limit=8", "--set", "bertscore=false", "--out", str(out),
            # smaller batches, validation set, test sets and bootstrap than the GPU's, so that this takes
            # seconds on a CPU (the command above, as the README gives it, takes minutes there)

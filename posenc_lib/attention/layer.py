@@ -70,10 +70,8 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .step import append_to_cache, cached_len, cross_attention, cross_step, self_attention_step, takes_self_step
-from ..utils import (
-    check_bool, check_divides, check_float_range, check_int_range, check_position_tensor, check_positive_int,
-    diagonal_sums, fill_closed_,
-)
+from .inputs import check_attention_call, check_positions, merge_masks  # noqa: F401 (the schemes import them here)
+from ..utils import check_bool, check_divides, check_float_range, check_positive_int, diagonal_sums, fill_closed_
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
 #: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs
@@ -166,12 +164,6 @@ def on_host(t: torch.Tensor) -> bool:
     with plain ints).
     """
     return t.device.type == "cpu" and not torch.compiler.is_compiling()
-
-
-def check_positions(q_pos, k_pos) -> None:
-    """The positions a scheme's ``prepare`` takes: 1-D integer tensors (dtype and shape only, no device read)."""
-    check_position_tensor("q_pos", q_pos, integer=True)
-    check_position_tensor("k_pos", k_pos, integer=True)
 
 
 class PositionScheme(nn.Module):
@@ -332,33 +324,6 @@ def choose_attention_path(
     return AttentionPath(fused=fused, is_causal=is_causal, causal_mask=needs_causal and not is_causal)
 
 
-def merge_masks(
-    q_len: int,
-    k_len: int,
-    *,
-    causal: bool,
-    q_pos: torch.Tensor | None,
-    k_pos: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """Boolean ``allowed`` mask broadcastable to ``(batch, 1, q_len, k_len)``, or ``None``.
-
-    ``key_padding_mask: (batch, k_len)`` is True at padding (the PyTorch convention).
-    The causal part compares absolute positions, so it is right for cached steps too.
-    """
-    allowed = None
-    if causal:
-        allowed = (k_pos[None, :] <= q_pos[:, None])[None, None]
-    if key_padding_mask is not None:
-        keep = ~key_padding_mask.bool()[:, None, None, :]
-        if q_pos is not None and k_pos is not None:
-            # self-attention: a (padding) query may always see itself, so that no row is fully
-            # masked (a fully masked row gives NaN, and NaN * 0 poisons the layers after it)
-            keep = keep | (k_pos[None, :] == q_pos[:, None])[None, None]
-        allowed = keep if allowed is None else (allowed & keep)
-    return allowed
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (batch first) with position-scheme hooks and an optional cache."""
 
@@ -380,36 +345,6 @@ class MultiHeadAttention(nn.Module):
     #: ``(batch, len, 3 * d_model)`` queries, keys and values of self-attention in one product, or ``None`` where ``x``
     #: has too many rows for it (the three projections then run as they are)
     step_qkv = None
-
-    def _check_call(self, x, kv, key_padding_mask, causal, pos, layer, need_weights) -> None:
-        """:meth:`forward`'s arguments: dtypes, shapes and types only (no value is read, so no device sync)."""
-        for name, t in (("x", x), ("kv", kv)):
-            if t is None:
-                continue
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor (batch, length, d_model), got {type(t).__name__}")
-            if not t.dtype.is_floating_point:
-                raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-            batch = "batch" if t is x else f"batch={x.shape[0]}"
-            if t.ndim != 3 or t.shape[2] != self.d_model or (t is kv and t.shape[0] != x.shape[0]):
-                raise ValueError(f"{name} must have shape ({batch}, length, d_model={self.d_model}), "
-                                 f"got {tuple(t.shape)}")  # fmt: skip
-        if key_padding_mask is not None:
-            mask = key_padding_mask
-            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-                got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-                raise TypeError(f"key_padding_mask must be a bool tensor (True at padding) or None, got {got}")
-            keys = tuple((x if kv is None else kv).shape[:2])
-            if tuple(mask.shape) != keys:
-                raise ValueError(f"key_padding_mask must have shape (batch, length) = {keys}, got {tuple(mask.shape)}: "
-                                 "one entry per key")  # fmt: skip
-        check_bool("causal", causal)
-        check_bool("need_weights", need_weights)
-        if pos is not None and not isinstance(pos, PositionScheme):
-            raise TypeError(f"pos must be a PositionScheme (make_scheme(...)) or None, got {type(pos).__name__}")
-        last = pos.num_layers - 1 if pos is not None else None
-        if type(layer) is not int or layer < 0 or (last is not None and layer > last):
-            check_int_range("layer", layer, 0, last)  # the index among the scheme's num_layers layers
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, len, d_model) -> (batch, heads, len, head_dim)``."""
@@ -438,7 +373,10 @@ class MultiHeadAttention(nn.Module):
         Returns ``(batch, q_len, d_model)``, and the attention weights if ``need_weights``.
         """
         if cache is None:  # a cached call is a decoding step: its model checked the inputs at the first step
-            self._check_call(x, kv, key_padding_mask, causal, pos, layer, need_weights)
+            if pos is not None and not isinstance(pos, PositionScheme):
+                raise TypeError(f"pos must be a PositionScheme (make_scheme(...)) or None, got {type(pos).__name__}")
+            check_attention_call(self.d_model, x, kv, key_padding_mask, causal, need_weights, layer,
+                                 None if pos is None else pos.num_layers)
         b, q_len, _ = x.shape
         want_weights = need_weights or self.keep_weights
         if kv is None and cache is not None and not want_weights and causal and (

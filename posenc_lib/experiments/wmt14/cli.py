@@ -147,8 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume and args.overwrite:
             raise ValueError("--resume continues unfinished models and --overwrite starts them again: pass one of them")
         device = check_hardware(prof, args.device)
-        if args.data_dir is not None and args.source != "hub":  # files read from it
-            check_data_dir(args.data_dir)
         if args.vocab is not None:
             if prof.tokenizer != "mbert":
                 raise ValueError(f"--vocab is read only by the mbert tokenizer (this run uses {prof.tokenizer!r}); "
@@ -156,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             from .tokenizer import load_mbert
 
             load_mbert(args.vocab)  # a bad vocabulary is named now, not after the data is read
+        if args.data_dir is not None and args.source != "hub":  # every file read from it, before any work
+            check_data_dir(args.data_dir)
     except (ValueError, FileNotFoundError) as err:
         ap.error(str(err))
     if args.threads:

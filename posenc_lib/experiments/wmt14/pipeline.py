@@ -51,7 +51,8 @@ from .data import check_aligned, check_data_dir, hub_available, load_wmt14, make
 from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
                        translate)
 from .tokenizer import get_tokenizer
-from .train import GPU_PROFILES, Profile, barrier, cpu_bf16_native, cuda_bf16_native, dist_info, resolve_precision, train_model
+from .train import (Profile, barrier, check_device, check_hardware, cpu_bf16_native, cuda_bf16_native, dist_info,  # noqa: F401
+                    resolve_precision, train_model)  # check_device, check_hardware: part of the pipeline's interface
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
 DIRECTIONS = ("fr-en", "en-fr")
@@ -493,16 +494,6 @@ def make_run_folders(out, ckpt_dir=None) -> tuple[Path, Path]:
     return run_dir, ckpt_root
 
 
-def check_hardware(prof: Profile, device: str | None) -> str:
-    """The device a run uses (``--device``, default cuda if present); a profile made for a GPU (:data:`GPU_PROFILES`)
-    on a machine without one is refused unless ``--device cpu`` asks for it (a rehearsal)."""
-    if prof.name in GPU_PROFILES and device is None and not torch.cuda.is_available():
-        raise ValueError(f"profile {prof.name!r} is the recipe for one CUDA GPU and this machine has none "
-                         "(torch.cuda.is_available() is False); use --profile laptop, cpu or smoke here, or pass "
-                         "--device cpu to rehearse it on the CPU anyway")
-    return check_device(device)
-
-
 def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike, *, direction: str = "fr-en",
         data_dir=None, source: str = "auto", vocab=None, resume: bool = False, overwrite: bool = False,
         device: str | None = None, progress: bool = True, stop_after: int | None = None, ckpt_dir=None,
@@ -828,25 +819,6 @@ def save_figures(results: dict, fig_dir) -> None:
 
 
 # -- scoring a finished run later ------------------------------------------------------------------
-def check_device(device: str | None) -> str:
-    """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` that this machine has (None: cuda if present, else cpu)."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        dev = None
-    if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"unknown --device {device!r}; valid choices: cpu, cuda, cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this machine has no CUDA device (torch.cuda.is_available() is False); "
-                         "valid here: cpu")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); valid: "
-                         + ", ".join(f"cuda:{i}" for i in range(torch.cuda.device_count())))
-    return str(dev)
-
-
 def score(run_dir, *, bertscore: bool = True, figures: bool = True, device: str | None = None, log=_log) -> dict:
     """Add BERTScore, the paired bootstrap and the figures to a finished run folder (any machine).
 

@@ -226,6 +226,35 @@ def _parse_field(key: str, t: str, text: str):
     return text
 
 
+def check_device(device: str | None) -> str:
+    """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` that this machine has (None: cuda if present, else cpu)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown --device {device!r}; valid choices: cpu, cuda, cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device (torch.cuda.is_available() is False); "
+                         "valid here: cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); valid: "
+                         + ", ".join(f"cuda:{i}" for i in range(torch.cuda.device_count())))
+    return str(dev)
+
+
+def check_hardware(prof: Profile, device: str | None) -> str:
+    """The device a run uses (``--device``, default cuda if present); a profile made for a GPU (:data:`GPU_PROFILES`)
+    on a machine without one is refused unless ``--device cpu`` asks for it (a rehearsal)."""
+    if prof.name in GPU_PROFILES and device is None and not torch.cuda.is_available():
+        raise ValueError(f"profile {prof.name!r} is the recipe for one CUDA GPU and this machine has none "
+                         "(torch.cuda.is_available() is False); use --profile laptop, cpu or smoke here, or pass "
+                         "--device cpu to rehearse it on the CPU anyway")
+    return check_device(device)
+
+
 # -- precision -------------------------------------------------------------------------------------
 def cuda_bf16_native(device=None) -> bool:
     """True on GPUs with bf16 in hardware (Ampere and later); emulated bf16 (T4, V100) counts as no."""
