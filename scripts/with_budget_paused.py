@@ -136,6 +136,23 @@ def _run(argv: list[str]) -> tuple[int, str]:
         return 128 + signum, f"stopped by {signal.Signals(signum).name}: the command ended with it; "
 
 
+def _wait_stopped(pids, timeout_s: float = 5.0) -> None:
+    """Wait (at most ``timeout_s``) until each process shows as stopped: SIGSTOP arrives asynchronously, and the
+    command's time must not overlap the training's."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break  # gone, or no /proc: nothing to wait for
+            if state in ("T", "t", "Z", "X"):
+                break
+            time.sleep(0.01)
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(USAGE)
@@ -196,6 +213,7 @@ def _paused(argv: list[str]) -> int:
                     os.kill(worker, signal.SIGSTOP)
                 except OSError:
                     pass
+        _wait_stopped([p["pid"] for _, p in stopped] + [w for _, p in stopped for w in p["workers"]])
         rc, first = _run(argv)
     except (KeyboardInterrupt, Stopped) as err:  # while the training was being stopped: the command never ran
         signum = getattr(err, "signum", signal.SIGINT)
