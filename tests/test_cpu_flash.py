@@ -673,23 +673,26 @@ def test_alibi_offset_values_laid_out_per_block_give_the_same_loss_and_gradients
     assert results[3 * 4 * 11 * 11][2] == ["flash_blocks"] * 2  # the decoder's two causal layers; the encoder: SDPA
 
 
+@pytest.mark.parametrize("bidirectional", ["symmetric", "directional"])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n_heads", [8, 6])
-def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads):
+def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads, bidirectional):
     """ALiBi's one value per offset, laid out whole or one block of rows at a time, is alibi_bias exactly
     (the same float32 products), for windows that start anywhere; "split" and scattered positions keep the
     whole bias."""
     from posenc_lib.attention.layer import _offset_block
     from posenc_lib.schemes import alibi as alibi_module
 
-    scheme = make_scheme("alibi", 48, n_heads, 1, causal=causal)
+    scheme = make_scheme("alibi", 48, n_heads, 1, causal=causal, bidirectional=bidirectional)
+    left = scheme.slopes.flip(0) if bidirectional == "directional" and not causal else None
     for q_pos, k_pos in [(torch.arange(1024), torch.arange(1024)), (torch.arange(5, 1029), torch.arange(1029)),
                          (torch.arange(3, 700), torch.arange(10, 800))]:  # fmt: skip
         assert n_heads * q_pos.numel() * k_pos.numel() >= alibi_module.OFFSET_MIN_ELEMENTS
         ctx = scheme.prepare(q_pos, k_pos)
         assert "bias" not in ctx and "offset_values" in ctx  # large and consecutive: laid out on demand
         whole = scheme.bias(ctx, 0)
-        assert whole.dtype == torch.float32 and torch.equal(whole, alibi_module.alibi_bias(q_pos, k_pos, scheme.slopes))
+        assert whole.dtype == torch.float32 and torch.equal(whole, alibi_module.alibi_bias(q_pos, k_pos, scheme.slopes,
+                                                                                       left_slopes=left))
         assert scheme.bias(ctx, 1) is whole  # once per stack
         q_len, k_len = q_pos.numel(), k_pos.numel()
         for start, end, n in [(0, 128, 133), (128, 256, k_len), (q_len - 24, q_len, k_len), (7, 9, 3)]:

@@ -4,6 +4,7 @@ import torch
 
 import posenc_lib
 from posenc_lib import PE_TYPES, build_model, greedy_decode, set_seed
+from posenc_lib.schemes.registry import make_scheme
 
 SMALL = dict(d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0)
 V = 23
@@ -172,7 +173,7 @@ def test_post_norm_and_untied_variants():
 
 def test_symmetric_alibi_encoder_cannot_tell_a_source_from_its_reversal_split_can():
     src, tgt = torch.randint(3, V, (2, 9)), torch.randint(3, V, (2, 5))
-    for option, blind in [("symmetric", True), ("split", False)]:
+    for option, blind in [("symmetric", True), ("split", False), ("directional", False)]:
         m = small("alibi", bidirectional=option)
         with torch.no_grad():
             a, b = m(src, tgt), m(src.flip(1), tgt)
@@ -191,7 +192,26 @@ def test_split_alibi_bias_hides_one_side_per_head():
     torch.testing.assert_close(bias[1, 0, 3], torch.tensor(-0.75))
 
 
-@pytest.mark.parametrize("options", [dict(pe="alibi", bidirectional="split"), dict(pe="none")])
+def test_directional_alibi_bias_has_its_own_slope_on_each_side():
+    """Closed form: -m_h (j - i) for keys right of the query, -m_{n+1-h} (i - j) left of it; a reversed sequence
+    sees each head's bias transposed with the head order reversed, and the causal (decoder) form is the paper's."""
+    pos = torch.arange(7)
+    enc = make_scheme("alibi", 16, 4, 1, causal=False, bidirectional="directional")
+    bias = enc.bias(enc.prepare(pos, pos), 0)[0]
+    m = enc.slopes
+    i, j = pos[:, None], pos[None, :]
+    for h in range(4):
+        want = torch.where(j >= i, -m[h] * (j - i), -m[3 - h] * (i - j))
+        torch.testing.assert_close(bias[h], want.float(), rtol=0, atol=0)
+    torch.testing.assert_close(bias.flip(0).transpose(1, 2), bias, rtol=0, atol=0)
+    assert not torch.equal(bias, bias.transpose(1, 2))  # left and right differ
+    dec = make_scheme("alibi", 16, 4, 1, causal=True, bidirectional="directional")
+    paper = make_scheme("alibi", 16, 4, 1, causal=True)
+    assert torch.equal(dec.bias(dec.prepare(pos, pos), 0), paper.bias(paper.prepare(pos, pos), 0))
+
+
+@pytest.mark.parametrize("options", [dict(pe="alibi", bidirectional="split"), dict(pe="alibi", bidirectional="directional"),
+                                     dict(pe="none")])
 def test_padding_never_produces_nan(options):
     m = small(**options)
     src = torch.randint(3, V, (2, 8))

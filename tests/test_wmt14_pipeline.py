@@ -499,3 +499,30 @@ def test_a_run_folder_takes_models_of_either_precision_but_a_checkpoint_only_its
     both = run(tiny_profile(precision="fp32", **prof), ["none", "sinusoidal"], [0], tmp_path / "run", **kw)
     assert both["models"]["none"]["0"]["precision"] == "bf16"  # finished earlier, kept as it was
     assert both["models"]["sinusoidal"]["0"]["precision"] == "fp32"
+
+
+
+def test_alibi_directional_runs_as_its_own_scheme_and_builds_the_variant(tmp_path, monkeypatch):
+    """A run's variant name trains the registry scheme with the variant's options: the directional encoder, the
+    paper's causal decoder; an unknown name lists the variants."""
+    from posenc_lib.experiments.wmt14.pipeline import parse_pes
+
+    assert parse_pes("ALiBi-Directional,alibi") == ["alibi-directional", "alibi"]
+    with pytest.raises(ValueError, match="variants: alibi-directional"):
+        parse_pes("alibi-dir")
+    built, real = {}, train_mod.build_model
+
+    def spy(pe, *args, **kwargs):
+        model = real(pe, *args, **kwargs)
+        built[(pe, kwargs.get("bidirectional", "symmetric"))] = model
+        return model
+
+    monkeypatch.setattr(train_mod, "build_model", spy)
+    out = run(tiny_profile(eval_limit=3), ["alibi-directional", "alibi"], [0], tmp_path / "run", data_dir=tiny_dir(tmp_path),
+              source="files", progress=False, log=quiet)
+    assert list(out["models"]) == ["alibi-directional", "alibi"]  # the order the run was given
+    assert set(built) == {("alibi", "symmetric"), ("alibi", "directional")}
+    model = built[("alibi", "directional")]
+    assert model.enc_pos.bidirectional == "directional" and model.enc_pos._left_slopes() is not None
+    assert model.dec_pos.causal and model.dec_pos._left_slopes() is None  # the decoder keeps the paper's form
+    assert (tmp_path / "run" / "alibi-directional-seed0" / "result.json").exists()

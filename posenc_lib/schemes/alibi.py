@@ -19,9 +19,11 @@ one end (an end-of-source anchor; lesson 13 measures one).  Reversing a source s
 token keeps every ``|i - j|``, so a symmetric-ALiBi
 encoder maps a sentence and its reversal to reversed copies of the same
 vectors, and a position-free cross-attention cannot tell them apart.  The
-option ``bidirectional="split"`` (a variant, not from the paper) restores
-direction: even heads attend only to keys at or left of the query, odd heads
-only to keys at or right of it, each with its usual slope.
+option ``bidirectional="directional"`` (a variant, not from the paper) restores direction with
+different slopes on the two sides: head ``h`` keeps ``m_h`` for keys right of the query and takes the
+slope of head ``n + 1 - h`` for keys left of it, so every head with ``m_h != m_{n+1-h}`` is steeper on
+one side.  ``bidirectional="split"`` is the extreme case: even heads attend only to keys at or left of
+the query, odd heads only to keys at or right of it, each with its usual slope.
 
 Taught in notebooks/10_alibi.ipynb.
 """
@@ -61,15 +63,17 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-BIDIRECTIONAL = ("symmetric", "split")
+BIDIRECTIONAL = ("symmetric", "split", "directional")
 
 
-def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool = False) -> torch.Tensor:
+def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool = False,
+               left_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """``(1, heads, q_len, k_len)`` float32 bias ``-m_h * |k_pos - q_pos|``.
 
     Always float32, whatever the dtype of ``slopes``: a bf16 distance is already rounded
     above 256 (8 significant bits), before the multiply.
     ``split=True``: even heads get ``-inf`` for keys right of the query, odd heads for keys left of it.
+    ``left_slopes``: ``(heads,)`` slopes for keys left of the query (``k_pos < q_pos``) in place of ``slopes``.
     ``q_pos``, ``k_pos``: 1-D integer or (for fractional positions) floating tensors; ``slopes``: ``(heads,)``.
     """
     check_position_tensor("q_pos", q_pos)
@@ -81,13 +85,28 @@ def alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, s
         raise TypeError(f"slopes must hold real numbers (alibi_slopes(n_heads) is float32), got dtype {slopes.dtype}")
     if slopes.dim() != 1:
         raise ValueError(f"slopes must have shape (heads,), got {tuple(slopes.shape)}")
-    return _alibi_bias(q_pos, k_pos, slopes, check_bool("split", split))
+    if left_slopes is not None:
+        if not isinstance(left_slopes, torch.Tensor) or left_slopes.shape != slopes.shape:
+            raise ValueError(f"left_slopes must be a tensor of the shape of slopes {tuple(slopes.shape)}, got "
+                             f"{tuple(left_slopes.shape) if isinstance(left_slopes, torch.Tensor) else left_slopes!r}")
+        if left_slopes.dtype == torch.bool or left_slopes.is_complex():
+            raise TypeError(f"left_slopes must hold real numbers, got dtype {left_slopes.dtype}")
+    return _alibi_bias(q_pos, k_pos, slopes, check_bool("split", split), left_slopes)
 
 
-def _alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool) -> torch.Tensor:
+def directional_left_slopes(slopes: torch.Tensor) -> torch.Tensor:
+    """The left-side slopes of ``bidirectional="directional"``: head ``h`` takes the slope of head ``n + 1 - h``."""
+    return slopes.flip(0)
+
+
+def _alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, split: bool,
+                left_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`alibi_bias` without its checks (the scheme's positions are checked by :meth:`ALiBi.prepare`)."""
     rel = relative_positions(q_pos, k_pos)
-    bias = -(slopes.float()[:, None, None] * rel.abs().float()[None])
+    per_key = slopes.float()[:, None, None]
+    if left_slopes is not None:
+        per_key = torch.where(rel[None] < 0, left_slopes.float()[:, None, None], per_key)
+    bias = -(per_key * rel.abs().float()[None])
     if split:
         heads = torch.arange(slopes.shape[0], device=slopes.device)[:, None, None]
         hidden = torch.where(heads % 2 == 0, rel[None] > 0, rel[None] < 0)
@@ -126,7 +145,17 @@ class ALiBi(PositionScheme):
             return None
         first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
         offsets = torch.arange(first, first + q_len + k_len - 1, device=self.slopes.device)
-        return -(offsets.abs().float()[:, None] * self.slopes.float()[None])
+        slopes = self.slopes.float()[None]
+        left = self._left_slopes()
+        if left is not None:
+            slopes = torch.where(offsets[:, None] < 0, left.float()[None], slopes)
+        return -(offsets.abs().float()[:, None] * slopes)
+
+    def _left_slopes(self) -> torch.Tensor | None:
+        """The slopes for keys left of the query where they differ from :attr:`slopes` (the directional encoder)."""
+        if self.bidirectional == "directional" and not self.causal:
+            return directional_left_slopes(self.slopes)
+        return None
 
     def prepare(self, q_pos, k_pos):
         """The stack's context: the bias, or for a large window of consecutive positions the one value per
@@ -138,7 +167,8 @@ class ALiBi(PositionScheme):
         if values is not None:
             return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
         split = self.bidirectional == "split" and not self.causal
-        return {"q_pos": q_pos, "k_pos": k_pos, "bias": _alibi_bias(q_pos, k_pos, self.slopes, split)}
+        bias = _alibi_bias(q_pos, k_pos, self.slopes, split, self._left_slopes())
+        return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias}
 
     def offset_bias(self, ctx) -> torch.Tensor | None:
         """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where

@@ -40,7 +40,7 @@ import torch
 from .evaluate import MAX_SRC_TOKENS, translate
 from ...schemes.registry import canonical_pe
 from .tokenizer import get_tokenizer
-from .train import PROFILES, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
+from .train import PROFILES, canonical_run_pe, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
 from ...utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
                       available_cores, check_folder_path, check_positive_int, interrupted_message, read_json, removed_if_left_empty)
 from .data import check_data_dir
@@ -196,7 +196,7 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
               threads: int | None = None, log=print) -> dict:
     """Measure every scheme on this machine, project the run and fit ``max_steps`` to ``budget_min``;
     writes and returns ``OUT/calibration.json``'s content."""
-    pes = [canonical_pe(p) for p in pes]
+    pes = [canonical_run_pe(p) for p in pes]
     for flag, v in (("--warm", warm), ("--updates", updates), ("--sample", sample)):
         check_positive_int(flag, v)
     if not (isinstance(budget_min, (int, float)) and math.isfinite(budget_min) and budget_min > 0):

@@ -51,7 +51,7 @@ from .data import check_aligned, check_data_dir, hub_available, load_wmt14, make
 from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
                        translate)
 from .tokenizer import get_tokenizer
-from .train import (Profile, barrier, check_device, check_hardware, cpu_bf16_native, cuda_bf16_native, dist_info,  # noqa: F401
+from .train import (RUN_ORDER, VARIANTS, Profile, canonical_run_pe, barrier, check_device, check_hardware, cpu_bf16_native, cuda_bf16_native, dist_info,  # noqa: F401
                     resolve_precision, train_model)  # check_device, check_hardware: part of the pipeline's interface
 
 DEFAULT_PES = ("none", "sinusoidal", "shaw", "rope")
@@ -75,7 +75,7 @@ def parse_pes(text: str) -> list[str]:
     """``"all"`` -> every scheme in PE_TYPES; else comma-separated names/aliases (validated)."""
     if text.strip().lower() == "all":
         return list(PE_TYPES)
-    pes = [canonical_pe(p) for p in text.split(",") if p.strip()]  # an alias or a repeat names a scheme once
+    pes = [canonical_run_pe(p) for p in text.split(",") if p.strip()]  # an alias or a repeat names a scheme once
     if not pes:
         raise ValueError(f"no positional encoding given in {text!r}; valid choices: {', '.join(PE_TYPES)} or 'all'")
     return list(dict.fromkeys(pes))
@@ -358,7 +358,7 @@ def _scheme_order(run_dir: Path, old: dict) -> tuple[list[str], list[int]]:
             seeds = list(dict.fromkeys(int(s) for by_seed in models.values() for s in by_seed))
         except (ValueError, AttributeError, TypeError):
             pes, seeds = [], []
-    rank = {pe: i for i, pe in enumerate(PE_TYPES)}
+    rank = {pe: i for i, pe in enumerate(RUN_ORDER)}
     others = {}
     for name in _finished(run_dir):
         pe, _, seed = name.rpartition("-seed")
@@ -506,7 +506,7 @@ def run(prof: Profile, pes: list[str], seeds: list[int], out: str | os.PathLike,
     without it the run is refused (nothing is replaced) unless ``overwrite`` starts it again from update 0.
     The run folder and the checkpoint folder are locked while the run writes them (:class:`~posenc_lib.utils.FolderLock`).
     """
-    pes = list(dict.fromkeys(canonical_pe(p) for p in pes))  # a scheme or seed named twice is trained once
+    pes = list(dict.fromkeys(canonical_run_pe(p) for p in pes))  # a scheme or seed named twice is trained once
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     check_choice("direction", direction, DIRECTIONS)
     if resume and overwrite:
@@ -634,7 +634,7 @@ def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -
     seed_order = [int(s) for s in (config.get("seeds") or seeds)]
     models = {}  # every finished model in the folder, schemes in the run's order, then by seed
     found = [_read_record(p) for p in run_dir.glob("*-seed*/result.json")]
-    rank = {pe: i for i, pe in enumerate(order + [p for p in PE_TYPES if p not in order])}
+    rank = {pe: i for i, pe in enumerate(order + [p for p in RUN_ORDER if p not in order])}
     seed_rank = {s: i for i, s in enumerate(seed_order)}
     for r in sorted(found, key=lambda r: (rank.get(r["pe"], len(rank)), r["pe"],
                                           seed_rank.get(int(r["seed"]), len(seed_rank)), int(r["seed"]))):

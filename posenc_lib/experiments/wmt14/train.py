@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from .evaluate import pad_batch
 from ...models.seq2seq import build_model
+from ...schemes.registry import PE_TYPES, canonical_pe
 from .tokenizer import TOKENIZERS
 from ...utils import atomic_torch_save, atomic_write_text, check_choice, set_seed
 
@@ -103,6 +104,33 @@ def validate_profile(prof: Profile) -> None:
         if getattr(prof, name) % prof.log_every:
             raise ValueError(f"profile field {name}={getattr(prof, name)} must be a multiple of "
                              f"log_every={prof.log_every}")
+
+
+#: runs beside PE_TYPES: name -> (scheme, its options).  The symmetric ALiBi encoder cannot tell left from
+#: right without an anchor; the directional variant gives each head its own slope on each side
+#: (posenc_lib/schemes/alibi.py) to test that explanation of ALiBi's deficit.
+VARIANTS: dict[str, tuple[str, dict]] = {"alibi-directional": ("alibi", {"bidirectional": "directional"})}
+#: every name a run accepts, in the order tables list them
+RUN_ORDER: tuple[str, ...] = PE_TYPES + tuple(VARIANTS)
+
+
+def canonical_run_pe(pe: str) -> str:
+    """A run's name for ``pe``: a variant of :data:`VARIANTS`, or the registry's canonical scheme name (aliases
+    accepted); ``ValueError`` naming every valid choice otherwise."""
+    key = pe.strip().lower() if isinstance(pe, str) else pe
+    if key in VARIANTS:
+        return key
+    try:
+        return canonical_pe(pe)
+    except ValueError as err:
+        raise ValueError(f"{err}; variants: {', '.join(VARIANTS)}") from None
+
+
+def scheme_of(pe: str) -> tuple[str, dict]:
+    """The registry scheme and options a run's name builds (``"alibi-directional"`` -> ``("alibi", {...})``)."""
+    name = canonical_run_pe(pe)
+    scheme, options = VARIANTS.get(name, (name, {}))
+    return scheme, dict(options)
 
 
 @dataclass
@@ -524,7 +552,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     prec = Precision(resolve_precision(prof.precision, device), device)
     micro = micro_batch_tokens(prof, device)
     set_seed(seed)  # the same initial weights in every process
-    model = build_model(pe, tok.vocab_size, pad_id=tok.pad_id, **prof.model_kwargs()).to(device)
+    scheme, options = scheme_of(pe)
+    model = build_model(scheme, tok.vocab_size, pad_id=tok.pad_id, **prof.model_kwargs(), **options).to(device)
     if world > 1:
         set_seed(process_seed(seed, rank))  # ... but each process its own dropout masks
     opt = torch.optim.Adam(model.parameters(), lr=prof.lr, betas=(0.9, 0.98), eps=1e-9)
