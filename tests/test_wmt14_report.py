@@ -201,3 +201,65 @@ def test_the_precision_table_is_the_rendering_of_both_runs():
     assert (other / "precision.md").read_text() == R.PRECISION_HEADER + R.precision_markdown(rows)
     with pytest.raises(ValueError, match="no model is in both run folders"):
         R.precision_markdown(R.precision_pairs(RUN, RUN))
+
+
+def test_length_row_follows_sacrebleus_brevity_penalty():
+    """Two sentences, hypothesis lengths 3 and 13 against references 8 and 6 (13a tokens): ratio 16/14, BP 1; the
+    first alone stops early (3 < 8/2), the second alone runs on (13 > 2 x 6) with BP 1, and 3 vs 8 gives
+    BP = exp(1 - 8/3)."""
+    from sacrebleu.metrics import BLEU
+
+    hyps = ["a b c", "a b c d e f g h i j k l m"]
+    refs = ["a b c d e f g h", "a b c d e f"]
+    stats = BLEU()._extract_corpus_statistics(hyps, [refs])
+    both, first, second = R._length_row(stats, [0, 1]), R._length_row(stats, [0]), R._length_row(stats, [1])
+    assert (both["hyp_len"], both["ref_len"], both["ratio"], both["bp"]) == (16, 14, round(16 / 14, 3), 1.0)
+    assert both["stops_early"] == 0.5 and both["runs_on"] == 0.5
+    assert first["bp"] == round(math.exp(1 - 8 / 3), 3) and first["stops_early"] == 1.0 and first["runs_on"] == 0.0
+    assert second["bp"] == 1.0 and second["runs_on"] == 1.0
+    assert first["bleu_without_bp"] == pytest.approx(first["bleu"] / math.exp(1 - 8 / 3), abs=0.02)
+
+
+@pytest.mark.parametrize("test", ["heldout", "newstest2014"])
+def test_length_story_of_the_committed_run_agrees_with_its_scores(test, monkeypatch):
+    """The committed cache answers for today's files, and its figures are those each model's result.json holds:
+    whole-set BLEU and brevity penalty, buckets that partition the test set."""
+    results = read_json(RUN / "results.json")
+    calls = []
+    real = R._length_row
+    monkeypatch.setattr(R, "_length_row", lambda *a: calls.append(1) or real(*a))
+    story = R.length_story(RUN, test)
+    assert calls == []  # read back from lengths.TEST.json, not recomputed
+    assert set(story["models"]) == set(results["models"])
+    for pe, by_seed in results["models"].items():
+        assert set(story["models"][pe]) == {int(s) for s in by_seed}
+        for seed, rec in by_seed.items():
+            row = story["models"][pe][int(seed)]
+            assert row["all"]["bleu"] == rec["tests"][test]["bleu"] and row["all"]["bp"] == rec["tests"][test]["bleu_bp"]
+            assert row["all"]["ratio"] == round(row["all"]["hyp_len"] / row["all"]["ref_len"], 3)
+            buckets = row["buckets"]
+            assert sum(b["sentences"] for b in buckets) == row["all"]["sentences"] == rec["tests"][test]["sentences"]
+            assert sum(b["hyp_len"] for b in buckets) == row["all"]["hyp_len"]
+
+
+def test_length_story_is_recomputed_when_a_translation_changes(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run, ignore=shutil.ignore_patterns("figures", "bootstrap_by_seed.*"))
+    before = R.length_story(run, "heldout")
+    hyp = run / "rope-seed0" / "hyp.heldout.txt"
+    hyp.write_text("".join(line + " and more words\n" for line in hyp.read_text().split("\n")[:-1]))
+    after = R.length_story(run, "heldout")
+    assert after["models"]["rope"][0]["all"]["hyp_len"] > before["models"]["rope"][0]["all"]["hyp_len"]
+    assert after["models"]["shaw"] == before["models"]["shaw"]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        R.length_story(run, "heldout", edges=(1, 1))
+
+
+def test_long_sample_picks_one_sentence_for_every_scheme():
+    sample = R.long_sample(RUN, "newstest2014", tokens=(40, 50))
+    results = read_json(RUN / "results.json")
+    assert 40 <= sample["tokens"] <= 50 and set(sample["hypotheses"]) == set(results["models"])
+    refs = (RUN / "ref.newstest2014.txt").read_text().split("\n")
+    assert refs[sample["index"]] == sample["reference"]
+    with pytest.raises(ValueError, match="no newstest2014 source"):
+        R.long_sample(RUN, "newstest2014", tokens=(100000, 100001))

@@ -4,7 +4,10 @@
 * :func:`bootstrap_by_seed`: sacreBLEU's paired bootstrap between schemes, for every seed (not only the first);
 * :func:`paired_differences`, :func:`ranking_verdict`: scheme B - scheme A seed by seed, and the one decision rule;
 * :func:`within_training_length`: BLEU and chrF on the test sentences whose source fits the training length;
-* :func:`bleu_by_length_over_seeds`: BLEU per source-length bucket, averaged over the seeds.
+* :func:`bleu_by_length_over_seeds`: BLEU per source-length bucket, averaged over the seeds;
+* :func:`length_story`: output/reference length, brevity penalty and BLEU without it, per model and per
+  source-length bucket, with the share of outputs that stop early or run on; :func:`long_sample`: one long
+  test sentence and every scheme's translation of it.
 
 Each reads only the run folder (``results.json``, ``src``/``ref`` files, each model's ``hyp`` files and the
 run's ``tokenizer.json``).  Taught in notebooks/17_finale_wmt14.ipynb.
@@ -190,6 +193,100 @@ def bleu_by_length_over_seeds(run_dir, test: str = "newstest2014", edges=(1, 11,
                          "bleu": sum(vals.values()) / len(vals), "bleu_by_seed": vals})
         out[pe] = rows
     return out
+
+
+#: a translation shorter than this fraction of its reference "stops early", longer than its inverse "runs on"
+EARLY_STOP = 0.5
+
+
+def _length_row(stats: list[list[int]], idx: list[int]) -> dict:
+    """Length figures of the sentences ``idx`` from sacreBLEU's per-sentence BLEU statistics (``[hyp_len, ref_len,
+    4 matches, 4 totals]``): lengths in sacreBLEU's 13a tokens, as its brevity penalty counts them."""
+    from sacrebleu.metrics import BLEU
+
+    score = BLEU()._aggregate_and_compute([stats[i] for i in idx])
+    hyp, ref = sum(stats[i][0] for i in idx), sum(stats[i][1] for i in idx)
+    early = sum(stats[i][0] < EARLY_STOP * stats[i][1] for i in idx)
+    runs_on = sum(stats[i][0] > stats[i][1] / EARLY_STOP for i in idx)
+    return {"sentences": len(idx), "hyp_len": hyp, "ref_len": ref, "ratio": round(hyp / ref, 3),
+            "bp": round(score.bp, 3), "bleu": round(score.score, 2),
+            "bleu_without_bp": round(score.score / score.bp, 2) if score.bp > 0 else 0.0,
+            "stops_early": round(early / len(idx), 3), "runs_on": round(runs_on / len(idx), 3)}
+
+
+def length_story(run_dir, test: str = "newstest2014", edges=(1, 25, 41, 61), cache: bool = True) -> dict:
+    """How long each model's translations are: ``{"edges", "max_tokens", "models": {scheme: {seed: {"all": row,
+    "buckets": [row per source-length bucket]}}}}``; a row has the output and reference lengths and their
+    ``ratio``, the brevity penalty ``bp``, ``bleu`` and ``bleu_without_bp`` (= BLEU / BP: the n-gram precisions
+    alone), and the shares of translations shorter than half their reference (``stops_early``) or longer than
+    twice it (``runs_on``).  Buckets are ``[edges[k], edges[k+1])`` source subword tokens, the last open-ended.
+    ``cache``: keep the answer in ``run_dir/lengths.TEST.json`` with a digest of its inputs and reuse it while they
+    are unchanged."""
+    from sacrebleu.metrics import BLEU
+
+    check_choice("test", test, TESTS)
+    run_dir = Path(run_dir)
+    results = read_json(run_dir / "results.json")
+    edges = [int(e) for e in edges]
+    if not edges or edges[0] < 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"edges must be non-negative and strictly increasing, got {edges}")
+    digest = hashlib.sha256(f"{test} {edges} {EARLY_STOP}".encode())
+    for f in (f"src.{test}.txt", f"ref.{test}.txt", "tokenizer.json"):
+        digest.update((run_dir / f).read_bytes() if (run_dir / f).is_file() else b"")
+    for pe, by_seed in results["models"].items():
+        for seed in sorted(by_seed, key=int):
+            digest.update(f"{pe} {seed}".encode() + (run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt").read_bytes())
+    path = run_dir / f"lengths.{test}.json"
+    if cache and path.is_file():
+        old = read_json(path)
+        if old.get("inputs") == digest.hexdigest():
+            return {**old["lengths"], "models": {pe: {int(s): r for s, r in by_seed.items()}
+                                                 for pe, by_seed in old["lengths"]["models"].items()}}
+    src, ref = _lines(run_dir / f"src.{test}.txt"), _lines(run_dir / f"ref.{test}.txt")
+    lengths = [len(ids) for ids in _tokenizer(run_dir, results).encode(src)]
+    buckets = []
+    for k, lo in enumerate(edges):
+        hi = edges[k + 1] if k + 1 < len(edges) else None
+        idx = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+        if idx:
+            buckets.append((f"{lo}-{hi - 1}" if hi is not None else f"{lo}+", idx))
+    models: dict = {}
+    for pe, by_seed in results["models"].items():
+        for seed in sorted(by_seed, key=int):
+            hyp = _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt")
+            if len(hyp) != len(ref):
+                raise ValueError(f"{run_dir / f'{pe}-seed{seed}' / f'hyp.{test}.txt'} has {len(hyp)} lines, "
+                                 f"ref.{test}.txt {len(ref)}: that model was scored on other sentences")
+            stats = BLEU()._extract_corpus_statistics(hyp, [ref])
+            models.setdefault(pe, {})[int(seed)] = {
+                "all": _length_row(stats, list(range(len(ref)))),
+                "buckets": [{"bucket": name, **_length_row(stats, idx)} for name, idx in buckets],
+            }
+    out = {"test": test, "edges": edges, "max_tokens": results["config"]["profile"]["max_tokens"], "models": models}
+    if cache:
+        atomic_write_json(path, {"inputs": digest.hexdigest(), "lengths": out})
+    return out
+
+
+def long_sample(run_dir, test: str = "newstest2014", tokens: tuple[int, int] = (40, 50), seed: int | None = None) -> dict:
+    """The first ``test`` sentence whose source has ``tokens[0]``..``tokens[1]`` subword tokens, with each scheme's
+    translation (``seed``, default each scheme's first): ``{"index", "source", "reference", "tokens",
+    "hypotheses": {scheme: text}}``."""
+    check_choice("test", test, TESTS)
+    run_dir = Path(run_dir)
+    results = read_json(run_dir / "results.json")
+    src, ref = _lines(run_dir / f"src.{test}.txt"), _lines(run_dir / f"ref.{test}.txt")
+    lengths = [len(ids) for ids in _tokenizer(run_dir, results).encode(src)]
+    lo, hi = tokens
+    pick = next((i for i, n in enumerate(lengths) if lo <= n <= hi), None)
+    if pick is None:
+        raise ValueError(f"no {test} source has {lo} to {hi} tokens (lengths run {min(lengths)}..{max(lengths)})")
+    hyps = {}
+    for pe, by_seed in results["models"].items():
+        key = str(seed) if seed is not None else sorted(by_seed, key=int)[0]
+        if key in by_seed:
+            hyps[pe] = _lines(run_dir / f"{pe}-seed{key}" / f"hyp.{test}.txt")[pick]
+    return {"index": pick, "source": src[pick], "reference": ref[pick], "tokens": lengths[pick], "hypotheses": hyps}
 
 
 def plot_seed_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu", schemes: list[str] | None = None) -> dict:
