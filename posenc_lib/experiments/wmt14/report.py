@@ -3,6 +3,7 @@
 * :func:`seed_stats`: a metric's per-seed values, mean and 95% t-interval per scheme;
 * :func:`bootstrap_by_seed`: sacreBLEU's paired bootstrap between schemes, for every seed (not only the first);
 * :func:`paired_differences`, :func:`ranking_verdict`: scheme B - scheme A seed by seed, and the one decision rule;
+  :func:`plot_paired_differences` draws them against one baseline;
 * :func:`within_training_length`: BLEU and chrF on the test sentences whose source fits the training length;
 * :func:`bleu_by_length_over_seeds`: BLEU per source-length bucket, averaged over the seeds;
 * :func:`length_story`: output/reference length, brevity penalty and BLEU without it, per model and per
@@ -290,8 +291,9 @@ def long_sample(run_dir, test: str = "newstest2014", tokens: tuple[int, int] = (
 
 
 def plot_seed_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu", schemes: list[str] | None = None) -> dict:
-    """Bars of the mean over seeds with the 95% t-interval (none for one seed) and a dot per seed; returns
-    :func:`seed_stats`' answer for the schemes drawn (``schemes``, default all that have the metric)."""
+    """The mean over seeds (a square) with its 95% t-interval (none for one seed) and a dot per seed, on an axis
+    that fits the values (no bars from 0, which would hide gaps of a point); returns :func:`seed_stats`' answer
+    for the schemes drawn (``schemes``, default all that have the metric)."""
     from .pipeline import scheme_color
 
     stats = seed_stats(results, test, metric)
@@ -300,14 +302,38 @@ def plot_seed_bars(ax, results: dict, test: str = "heldout", metric: str = "bleu
         raise ValueError(f"no scheme of {schemes or list(results['models'])} has {metric!r} on {test!r}")
     for k, pe in enumerate(pes):
         st = stats[pe]
-        ax.bar(k, st["mean"], color=scheme_color(k, len(pes)), alpha=0.8,
-               yerr=None if math.isnan(st["ci95"]) else st["ci95"], capsize=4)
+        ax.errorbar(k, st["mean"], yerr=None if math.isnan(st["ci95"]) else st["ci95"], fmt="s",
+                    color=scheme_color(k, len(pes)), ms=7, capsize=5, lw=2)
         vals = list(st["values"].values())
-        ax.plot([k + 0.18 * (j - (len(vals) - 1) / 2) for j in range(len(vals))], vals, "k.", ms=5)
+        ax.plot([k + 0.22 + 0.08 * j for j in range(len(vals))], vals, "k.", ms=5)
     ax.set_xticks(range(len(pes)), pes)
     ax.set_ylabel(METRIC_LABELS[metric])
     ax.set_title(f"{METRIC_LABELS[metric]}\non {test}", fontsize=10)
     return {pe: stats[pe] for pe in pes}
+
+
+def plot_paired_differences(ax, results: dict, boot: dict[int, list[dict]], base: str, schemes: list[str],
+                            test: str = "heldout") -> dict[str, dict]:
+    """One row per scheme of ``schemes``: its in-domain BLEU minus ``base``'s, a dot per seed and the paired 95%
+    interval of the mean (none for one seed), coloured by :func:`ranking_verdict` (ahead, behind, not separated);
+    returns ``{scheme: verdict}`` as :func:`ranking_verdict` gives it for ``a = base``, ``b = scheme``."""
+    colors = {"b ahead": "C2", "a ahead": "C3", "not separated": "0.45"}
+    out = {}
+    for k, pe in enumerate(schemes):
+        v = out[pe] = ranking_verdict(results, boot, base, pe, test)
+        color = colors[v["verdict"]]
+        if not math.isnan(v["ci95"]):
+            ax.plot([v["mean"] - v["ci95"], v["mean"] + v["ci95"]], [k, k], "-", color=color, lw=2.5, alpha=0.6)
+        ax.plot([v["mean"]], [k], "|", color=color, ms=14, mew=2)
+        ax.plot(list(v["diffs"].values()), [k] * v["n"], "o", color=color, ms=5, mfc="white")
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_yticks(range(len(schemes)), [f"{pe} ({out[pe]['n']} seed{'s' if out[pe]['n'] > 1 else ''})"
+                                        for pe in schemes])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"BLEU on {test}: scheme minus {base}, same seed")
+    ax.set_title(f"Paired differences against {base}: dots = seeds, bar = 95% interval of the mean\n"
+                 "green: ahead by the rule, red: behind, grey: not separated", fontsize=9)
+    return out
 
 
 #: the scores :func:`precision_pairs` compares, as (test, key in the model's tests, label)

@@ -1,0 +1,181 @@
+"""Lesson 17's statements, checked against the committed results they describe (results/wmt14-laptop,
+results/wmt14-laptop-precision, results/wmt14-gpu-500). Each test names the section whose sentences it keeps
+true; when a result changes, the failing assert says which sentence to rewrite."""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from posenc_lib.experiments.wmt14 import report as R
+from posenc_lib.experiments.wmt14.evaluate import repetition_rate
+from posenc_lib.utils import read_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "results" / "wmt14-laptop"
+GPU = ROOT / "results" / "wmt14-gpu-500"
+FOUR = ["none", "sinusoidal", "shaw", "rope"]
+NINE = ["none", "sinusoidal", "learned", "shaw", "rope", "t5", "xlnet", "deberta", "alibi"]
+FIVE = ["learned", "t5", "xlnet", "deberta", "alibi"]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return read_json(RUN / "results.json")
+
+
+@pytest.fixture(scope="module")
+def verdicts(results):
+    boot = R.bootstrap_by_seed(RUN, "heldout", schemes=NINE, tag="nine", cache=True)
+    return {(a, b): R.ranking_verdict(results, boot, a, b) for a in NINE for b in NINE if a != b}
+
+
+def _bleu(results, pe, seed, test="heldout"):
+    return results["models"][pe][str(seed)]["tests"][test]["bleu"]
+
+
+def _drop(rec):
+    t = rec["tests"]["heldout"]
+    return t["bleu"] - t["shuffled_source"]["bleu"]
+
+
+def test_one_rule_four_way(results, verdicts):
+    """'One statistic, one rule': three tiers; Shaw-RoPE not separated with p < 0.05 in one seed of three; all
+    twelve in bf16; the fp32 reruns moved in-domain BLEU by at most 0.15, under a fifth of the smallest ranked gap."""
+    assert {len(results["models"][pe]) for pe in FOUR} == {3}
+    assert all(r["precision"] == "bf16" for pe in FOUR for r in results["models"][pe].values())
+    for a, b in [("none", "sinusoidal"), ("none", "shaw"), ("none", "rope"), ("sinusoidal", "shaw"),
+                 ("sinusoidal", "rope")]:
+        assert verdicts[a, b]["verdict"] == "b ahead", (a, b)
+    sr = verdicts["shaw", "rope"]
+    assert sr["verdict"] == "not separated" and sum(x["p"] < 0.05 for x in sr["seeds"].values()) == 1
+    prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
+    assert {(r["pe"], r["seed"]) for r in prec} == {("shaw", 2), ("rope", 2)}
+    moved = max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec)
+    smallest = min(verdicts[k]["mean"] for k in [("none", "sinusoidal"), ("sinusoidal", "shaw"), ("sinusoidal", "rope")])
+    assert round(moved, 2) <= 0.15 and moved < smallest / 5
+    assert read_json(RUN / "config.json")["profile"]["bootstrap_samples"] == 1000
+
+
+def test_shuffled_source_and_repetition(results):
+    """'Does the model read word order?' and 'What this scale can show': `none` unmoved, sinusoidal/Shaw/RoPE
+    lose 14.9-18.0 in every seed; degenerate repetition at most a few percent."""
+    assert all(_drop(r) == 0 for r in results["models"]["none"].values())
+    drops = [_drop(r) for pe in FOUR[1:] for r in results["models"][pe].values()]
+    assert [round(min(drops), 1), round(max(drops), 1)] == [14.9, 18.0]
+    rates = [repetition_rate((RUN / f"{pe}-seed{s}" / "hyp.heldout.txt").read_text(encoding="utf-8").splitlines())
+             for pe in FOUR for s in results["models"][pe]]
+    assert max(rates) < 0.05
+
+
+def test_what_this_scale_can_and_cannot_show(results):
+    """The quality levels, the 1.4-BLEU gap, 73% long newstest sources, single digits on newstest, and the
+    parameter counts of the confounds paragraph."""
+    bleu = R.seed_stats(results, "heldout", "bleu")
+    assert round(max(bleu[pe]["mean"] for pe in FOUR)) == 24 and round(bleu["none"]["mean"]) == 14
+    for pe in ("shaw", "rope"):
+        assert round(R.paired_differences(results, "sinusoidal", pe)["mean"], 1) == 1.4
+    within = R.within_training_length(RUN, "newstest2014")
+    assert round(1 - within["n"] / within["total"], 2) == 0.73
+    assert all(r["tests"]["newstest2014"]["bleu"] < 10 for m in results["models"].values() for r in m.values())
+    params = {pe: results["models"][pe]["0"]["params"] for pe in NINE}
+    assert max(params[pe] for pe in FOUR) / min(params[pe] for pe in FOUR) - 1 < 0.005
+    assert round(params["learned"] / params["none"] - 1, 3) == 0.067
+    assert round(params["xlnet"] / params["none"] - 1, 3) == 0.034
+    epochs = {r["epochs"] for m in results["models"].values() for r in m.values()}
+    assert {round(e, 1) for e in epochs} == {4.1}  # "about 4 epochs"
+
+
+def test_the_length_story(results):
+    """'How long are the translations?': the in-domain lengths, the early stoppers, T5 running on, `none` and
+    ALiBi near the reference length (means over seeds)."""
+    story = {test: R.length_story(RUN, test) for test in ("heldout", "newstest2014")}
+
+    def mean(test, pe, key, bucket=None):
+        rows = story[test]["models"][pe].values()
+        return np.mean([(r["all"] if bucket is None else r["buckets"][bucket])[key] for r in rows])
+
+    ratios = [mean("heldout", pe, "ratio") for pe in NINE]
+    assert [round(min(ratios), 2), round(max(ratios), 2)] == [0.98, 1.07]
+    assert min(mean("heldout", pe, "bp") for pe in NINE) >= 0.97
+    long = story["newstest2014"]["models"]["none"][0]["buckets"][-1]
+    assert long["bucket"] == "61+" and long["sentences"] == 484
+    early = ["sinusoidal", "learned", "shaw", "rope", "xlnet", "deberta"]
+    shares = [mean("newstest2014", pe, "stops_early", -1) for pe in early]
+    assert [round(100 * min(shares)), round(100 * max(shares))] == [31, 73]
+    bps = [mean("newstest2014", pe, "bp") for pe in early]
+    assert [round(min(bps), 2), round(max(bps), 2)] == [0.67, 0.80]
+    others = [pe for pe in NINE if pe not in early]
+    assert all(mean("newstest2014", pe, "stops_early", -1) < min(shares) for pe in others)
+    assert round(mean("newstest2014", "t5", "ratio"), 1) == 1.6 and mean("newstest2014", "t5", "bp") == 1.0
+    assert 0.45 < mean("newstest2014", "t5", "runs_on", -1) < 0.6
+    assert all(abs(mean("newstest2014", pe, "ratio") - 1) < 0.05 for pe in ("none", "alibi"))
+    assert all(abs(mean("newstest2014", pe, "ratio") - 1) > 0.15 for pe in early + ["t5"])
+
+
+def test_nine_encodings_one_rule(results, verdicts):
+    """'Nine encodings, one rule': seeds and precision of the five; the rule ranks only T5 and ALiBi (ahead of
+    none); the descriptive gaps; ALiBi's shuffled-source drops against the others'."""
+    seeds = {pe: sorted(int(s) for s in results["models"][pe]) for pe in FIVE}
+    assert seeds == {"learned": [0], "t5": [0, 1], "xlnet": [0], "deberta": [0], "alibi": [0, 1]}
+    assert all(r["precision"] == "fp32" for pe in FIVE for r in results["models"][pe].values())
+    assert R.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
+    for pe in FIVE:
+        v_none, v_sin = verdicts["none", pe], verdicts["sinusoidal", pe]
+        assert v_none["verdict"] == ("b ahead" if pe in ("t5", "alibi") else "not separated"), pe
+        assert v_sin["verdict"] == "not separated", pe
+        if v_sin["n"] == 2:
+            assert v_sin["mean"] - v_sin["ci95"] < 0 < v_sin["mean"] + v_sin["ci95"]
+    none_mean = R.seed_stats(results, "heldout", "bleu")["none"]["mean"]
+    one_seed = ["learned", "xlnet", "deberta"]
+    above_none = [_bleu(results, pe, 0) - none_mean for pe in one_seed]
+    assert 9 <= min(above_none) and max(above_none) < 10.2
+    above_sin = [_bleu(results, pe, 0) - _bleu(results, "sinusoidal", 0) for pe in one_seed]
+    assert [round(min(above_sin), 1), round(max(above_sin), 1)] == [0.6, 1.6]
+    t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
+    alibi = [round(_bleu(results, "sinusoidal", s) - _bleu(results, "alibi", s), 2) for s in (0, 1)]
+    assert t5 == [0.55, 0.91] and alibi == [2.35, 1.37]
+    alibi_drops = [round(_drop(r), 1) for r in results["models"]["alibi"].values()]
+    others = [_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
+    assert alibi_drops == [10.0, 10.6] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]
+
+
+def test_the_gpu_section():
+    """'On a GPU': two seeds of 500 updates on an H200; BLEU 13-22 in domain; one order in both seeds with
+    p <= 0.001 per step, no step ranked by the rule; the speeds and the calibration's projection."""
+    gpu = read_json(GPU / "results.json")
+    cal = read_json(GPU / "calibration.json")
+    models = {(pe, int(s)): r for pe in FOUR for s, r in gpu["models"][pe].items()}
+    assert {s for _, s in models} == {0, 1} and {r["updates"] for r in models.values()} == {500}
+    assert cal["hardware"]["gpu"] == "NVIDIA H200"
+    bleu = {k: r["tests"]["heldout"]["bleu"] for k, r in models.items()}
+    assert [math.floor(min(bleu.values())), math.ceil(max(bleu.values()))] == [13, 22]
+    boot = R.bootstrap_by_seed(GPU, "heldout")
+    for a, b in [("none", "sinusoidal"), ("sinusoidal", "shaw"), ("shaw", "rope")]:
+        v = R.ranking_verdict(gpu, boot, a, b)
+        assert v["verdict"] == "not separated" and all(x["p"] <= 0.001 and x["delta"] > 0 for x in v["seeds"].values())
+    lead = [bleu[("sinusoidal", s)] - bleu[("none", s)] for s in (0, 1)]
+    assert [round(min(lead), 1), round(max(lead), 1)] == [1.2, 1.7]
+    three = [r["wall_s"] / r["updates"] for (pe, _), r in models.items() if pe != "shaw"]
+    assert [round(min(three), 2), round(max(three), 2)] == [0.28, 0.33]
+    s_cal = [m["s_per_update"] for m in cal["schemes"].values()]
+    assert [round(min(s_cal), 2), round(max(s_cal), 2)] == [0.60, 0.62] and 1.7 < min(s_cal) / max(three) < 2.3
+    assert cal["projection"]["max_steps"] == 3200 and 25 <= cal["projection"]["wall_min"] <= 36  # "about half an hour"
+
+
+def test_where_the_models_look(results):
+    """'Where the models look' (first seed of the four): `none` within 0.1 of a uniform row's weight near the
+    query; each position-aware model more, and not more on the query token itself."""
+    def shares(pe):
+        att = results["models"][pe]["0"]["attention"]
+        a = np.array(att["weights"])
+        n = len(att["tokens"])
+        i, j = np.indices(a.shape)
+        return a[abs(i - j) <= 1].sum() / n, np.trace(a) / n, n
+
+    near_none, diag_none, n = shares("none")
+    uniform = np.mean([(min(k + 1, n - 1) - max(k - 1, 0) + 1) / n for k in range(n)])
+    assert abs(near_none - uniform) < 0.1
+    for pe in FOUR[1:]:
+        near, diag, _ = shares(pe)
+        assert near > near_none + 0.05 and diag <= diag_none, pe
