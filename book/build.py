@@ -38,7 +38,8 @@ OUTPUTS = ("src", "html", "doctrees", "warnings.txt")
 
 #: Markdown files outside the notebooks that the README or the lessons link to: repo path -> page name.
 WIDGET = "application/vnd.jupyter.widget-view+json"
-EXTRA_PAGES = {"benchmarks/README.md": "benchmarks", "data/SOURCES.md": "data_sources"}
+EXTRA_PAGES = {"benchmarks/README.md": "benchmarks", "benchmarks/results/table.md": "benchmarks_table",
+               "results/README.md": "results", "scripts/README.md": "scripts", "data/SOURCES.md": "data_sources"}
 NBVAL = ".venv/bin/python -m pytest -q --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg"
 # offline, as make test runs them
 EXECUTE = ("HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 .venv/bin/jupyter nbconvert --to notebook --execute --inplace "
@@ -99,18 +100,23 @@ def lessons_of_module(path: Path) -> list[str]:
     return sorted(found)
 
 
-def _rewrite_links(text: str, prefix: str, names: set[str]) -> str:
+def _rewrite_links(text: str, prefix: str, names: set[str], base: str | None = None) -> str:
     """Point Markdown links at repository files to their pages in the site.
 
     ``prefix`` is the path from the page to the site's root (``""`` or ``"../"``); links are given
     relative to the page's repository folder, so ``../posenc_lib/x.py`` (a lesson) and
-    ``posenc_lib/x.py`` (the README) both become the page for module ``x``.
+    ``posenc_lib/x.py`` (the README) both become the page for module ``x``.  ``base``, the page's folder
+    in the repository (``"results"`` for ``results/README.md``), resolves a link exactly; without it a
+    link is read from the repository's root once its leading ``../`` are dropped.
     """
 
     def repl(m: re.Match) -> str:
         label, target = m.group(1), m.group(2)
-        path = target.split("#")[0]
-        norm = re.sub(r"^(\.\./)+|^\./", "", path)
+        path, _, anchor = target.partition("#")
+        if base is None:
+            norm = re.sub(r"^(\.\./)+|^\./", "", path)
+        else:
+            norm = os.path.normpath(os.path.join(base, path)).replace(os.sep, "/") if path else ""
         if re.match(r"posenc_lib/[\w/]+\.py$", norm):
             mod = norm[len("posenc_lib/"):-3].replace("/", ".")
             if mod in names:
@@ -118,7 +124,7 @@ def _rewrite_links(text: str, prefix: str, names: set[str]) -> str:
         if re.match(r"notebooks/\d\d_\w+\.ipynb$", norm):
             return f"[{label}]({prefix}lessons/{norm[len('notebooks/'):]})"
         if norm in EXTRA_PAGES:
-            return f"[{label}]({prefix}{EXTRA_PAGES[norm]}.md)"
+            return f"[{label}]({prefix}{EXTRA_PAGES[norm]}.md{'#' + anchor if anchor else ''})"
         return m.group(0)
 
     return re.sub(r"\[([^\]\n]*)\]\(([^)\s]+)\)", repl, text)
@@ -277,11 +283,11 @@ def write_sources(out: Path) -> Path:
         (src / "api" / f"{m}.md").write_text("\n".join(page), encoding="utf-8")
 
     for repo_path, page in EXTRA_PAGES.items():
-        text = _rewrite_links((ROOT / repo_path).read_text(encoding="utf-8"), "", names)
+        text = _rewrite_links((ROOT / repo_path).read_text(encoding="utf-8"), "", names, os.path.dirname(repo_path))
         text = _link_repo_files(text, src, (ROOT / repo_path).parent, "")
         (src / f"{page}.md").write_text(text, encoding="utf-8")
 
-    readme = _rewrite_links((ROOT / "README.md").read_text(encoding="utf-8"), "", names)
+    readme = _rewrite_links((ROOT / "README.md").read_text(encoding="utf-8"), "", names, "")
     readme = _link_lesson_mentions(_link_repo_files(readme, src), pages, "lessons/")
     toc = ["", "```{toctree}", ":hidden:", ":caption: Lessons", ""]
     toc += [f"lessons/{nb.stem}" for nb in lessons()]

@@ -256,6 +256,18 @@ def test_the_decoding_table_shows_the_fastest_calls_where_the_run_recorded_them(
         assert (run / "table.md").read_text().strip() == table.strip()
 
 
+COMMITTED = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("folder", sorted(str(p.parent.relative_to(COMMITTED)) for p in COMMITTED.rglob("table.md")))
+def test_every_committed_table_is_the_rendering_of_its_results(folder):
+    """The pages link each run's table.md instead of retyping its figures: it must be what its JSON files render."""
+    from benchmarks.report import load_results, render_table
+
+    run = COMMITTED / folder
+    assert (run / "table.md").read_text().strip() == render_table(load_results(run)).strip()
+
+
 def test_attention_settings_name_the_switches_that_choose_the_computation(monkeypatch):
     from posenc_lib.attention import cpu_flash
 

@@ -11,13 +11,11 @@ Reads the notebooks and the README as text; nothing is executed. Three kinds of 
   exists (a coming one only where the sentence says it is coming), and a sentence that names a lesson and a
   topic of another lesson (say "lesson 11" next to a reversal task, which lesson 13 trains) must name that
   lesson too: that is how a number left over from an older course order shows up. The same check reads the
-  docstrings of the library and the benchmarks (the website's library pages; a path such as
-  ``notebooks/13_length_extrapolation.ipynb`` counts as naming lesson 13) and the other Markdown pages of the
-  site; the code, stored outputs, tests and scripts are checked for numbers of lessons that do not exist.
+  other Markdown pages of the site; the code, stored outputs, tests and scripts are checked for numbers of
+  lessons that do not exist.
 """
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -239,24 +237,15 @@ def test_lesson_mentions_in_the_readme_fit_the_course_order():
 LESSON_PATH = re.compile(r"notebooks/(\d\d)_\w+\.ipynb")
 
 
-def docstrings(path: Path) -> str:
-    """Every docstring of a Python file (module, classes, functions), with ``notebooks/NN_name.ipynb`` read as
-    "lesson NN"."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    docs = [ast.get_docstring(n) for n in ast.walk(tree)
-            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
-    return LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", "\n\n".join(d for d in docs if d))
-
-
 def _library_files() -> list[Path]:
     return sorted((ROOT / "posenc_lib").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
 
 
-def test_lesson_mentions_in_library_docstrings_and_pages_fit_the_course_order():
+def test_lesson_mentions_in_the_other_pages_fit_the_course_order():
+    from book.build import EXTRA_PAGES  # the site's Markdown pages besides the README
+
     errors = []
-    for path in _library_files():
-        errors += [f"{path.relative_to(ROOT)}: {e}" for e in topic_errors(docstrings(path))]
-    for page in ("benchmarks/README.md", "data/SOURCES.md"):
+    for page in EXTRA_PAGES:
         errors += [f"{page}: {e}" for e in topic_errors((ROOT / page).read_text(encoding="utf-8"))]
     assert not errors, "\n".join(errors)
 
@@ -298,7 +287,7 @@ def test_the_mention_check_catches_old_numbers():
     assert not topic_errors("Lessons 14 and 15 rescale frequencies: YaRN and LongRoPE.")
     assert not topic_errors("Lesson 13 trains both forms on a reversal task.")
     assert not topic_errors("Lesson 11's note on Universal RPE returns to what that costs.")
-    # a library docstring names lessons by their notebooks too
+    # a path names a lesson by its notebook too
     doc = "Used by the length-extrapolation experiment (notebooks/11_length_extrapolation" + ".ipynb)."  # an old name
     assert topic_errors(LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", doc))
     assert mentioned(LESSON_PATH.sub(lambda m: f"lesson {m.group(1)}", "see notebooks/18_more" + ".ipynb")) == [{18}]

@@ -586,16 +586,3 @@ def test_sweep_timing_and_command_line(tmp_path, capsys):
     assert "valid choices: nope, rope, neox-0.1" in capsys.readouterr().err
     assert rv.main(["--profile", "smoke", "--models", "nope", "--seeds", "0", "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "nope_seed0.json").exists()
-
-
-def test_committed_sweep_timing_is_what_the_readme_and_lesson_quote():
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    timing = json.loads((root / "results" / "rope_variants" / "timing.json").read_text())
-    minutes = round(timing["cpu_seconds_3_seeds"] / 60)
-    per_update = sorted(round(r["cpu_per_update"] * 1000) for r in timing["per_model"].values())
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    assert f"about {minutes} CPU minutes" in readme
-    assert f"{per_update[0]}–{per_update[-1]} ms of CPU per update" in readme

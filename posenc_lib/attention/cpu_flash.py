@@ -69,8 +69,7 @@ def _flushing() -> bool:
 # The mode is a register of each thread.  ``torch.set_flush_denormal`` sets the calling thread's only, and
 # torch's OpenMP workers (which do half the work on 2 cores) keep the mode they were started with.  So the
 # mode is also set inside one OpenMP parallel region of the library torch loaded: its team is the pool of
-# workers torch's own operators use.  Without that the kernel ran at ALiBi 1.51 s instead of 1.07 s a step
-# (batch 2, L = 1024, 2 threads; `none` 0.90 s).
+# workers torch's own operators use (measured: benchmarks/README.md).
 _UNSET = object()
 _GOMP_PARALLEL = _UNSET
 _TEAM_MODE = [False]
@@ -183,11 +182,8 @@ WRITTEN_BACKWARD: bool = True
 
 
 #: :func:`attention_backward` builds the weights ``P`` and ``dS`` of at most this many query rows at a time (fewer
-#: where :data:`WORKSPACE_ELEMENTS` asks for less).  Blocks of a few MB stay in cache between the five products and
-#: the element-wise steps that read them; a whole call in one block (up to :data:`WORKSPACE_ELEMENTS` scores, 64 MB)
-#: goes out to memory at every step.  Backward pass of one fused call (8 heads, head size 32, a mask shared over the
-#: batch, 2 threads), blocks of 256 rows against one block: 0.74 of the time at batch 2, L = 1024; 0.76 at batch 8,
-#: L = 512; 0.84 at batch 1, L = 2048; 0.96 at batch 1, L = 1024.  ``None``: no limit but the workspace.
+#: where :data:`WORKSPACE_ELEMENTS` asks), so that they stay in cache between the five products that read them
+#: (measured: benchmarks/README.md).  ``None``: no limit but the workspace.
 BACKWARD_BLOCK_ROWS: int | None = 256
 
 

@@ -87,69 +87,28 @@ BLOCK_ELEMENTS: int | None = 2**24
 #: log-sum-exp).  Same function, same gradients; ``False`` keeps the explicit blocks everywhere.
 CPU_FLASH: bool = True
 
-#: A training call on CPU (gradients on, float32, no dropout) whose ``(B, H, Lq, Lk)`` scores would hold at
-#: least this many elements takes the fused path of :data:`CPU_FLASH` even below :data:`BLOCK_ELEMENTS`
-#: (in blocks of :data:`FUSED_BLOCK_ROWS` queries): there it is faster than the explicit softmax and keeps no
-#: scores for the backward pass.  Measured with the benchmark model (d_model 256, 8 heads, 2+2 layers,
-#: ``python -m benchmarks.run``'s model), one training step, fused / explicit time on one torch thread of a
-#: 2-core Xeon (AVX-512): at 2**22 elements (L = 512, batch 2) t5 0.99, shaw 1.04, xlnet 1.06, deberta 1.14;
-#: at 2**23 (L = 1024, batch 1) t5 0.90, shaw 0.79, xlnet 0.80, deberta 0.90; at 2**21 and below the
-#: explicit path was faster for every scheme.  Smaller calls and calls without gradients keep the explicit
-#: path, so the course's small models (at most ~2**19 elements a call) train and evaluate exactly as before.
-#: With the written-out backward pass (:data:`cpu_flash.WRITTEN_BACKWARD`) the threshold moved down to 2**22: at
-#: L = 512, batch 2 (2 threads, an AMD EPYC, 12 interleaved repeats, median step over ``none``'s) the fused path
-#: took t5 1.13 against 1.22, shaw 1.34 against 1.39, xlnet 1.54 against 1.57, deberta 1.67 against 1.62 (equal
-#: within that machine's noise), and it keeps no scores for the backward pass, where the explicit path's peak
-#: memory was 1.31-1.46 times ``none``'s there.  After the later changes (each scheme's blocks in one node, Shaw's
-#: and DeBERTa's keys beyond their clipping without a mask) the threshold moved down to 2**21: at L = 512, batch 1
-#: (2 threads, the AMD EPYC, 8 interleaved repeats, median step over ``none``'s) the fused path took xlnet 1.63
-#: against 1.63, deberta 1.54 against 1.52, shaw 1.41 against 1.35 (12 repeats: t5 1.21 against 1.24, alibi 1.14
-#: against 1.12), within their time goals either way, where the explicit path's peak memory was 1.35-1.36 times
-#: ``none``'s for xlnet and shaw, over the goal of 1.3 (``benchmarks/results/fused_B1_L512`` is that shape's grid after).
-#: ``None``: only blocked calls take the fused path.
+#: A CPU training call (gradients on, float32, no dropout) whose scores hold at least this many elements takes the
+#: fused path of :data:`CPU_FLASH` even below :data:`BLOCK_ELEMENTS` (in blocks of :data:`FUSED_BLOCK_ROWS`): there it
+#: is as fast as the explicit softmax and keeps no scores for the backward pass; the course's small models stay
+#: explicit.  How it was measured: benchmarks/README.md.  ``None``: only blocked calls take the fused path.
 FUSED_MIN_ELEMENTS: int | None = 2**21
 
-#: A call of SDPA's fused kernel on CPU (float32, no dropout) with a bias whose scores hold at least this many
-#: elements runs with denormal floats flushed to zero, in both passes (:func:`cpu_flash.flush_denormals`; the calls of
-#: :mod:`cpu_flash` always do).  Attention weights just above ``exp(-104)`` are denormal numbers, and arithmetic
-#: on them is tens of times slower on x86: ALiBi's distant keys fill that range, so its training step at
-#: L = 1024 took 2.13 times ``none``'s at batch 1 and 1.61 at batch 2, 1.26 and 1.25 with flushing in every
-#: thread (benchmark model, 2 threads, interleaved in one process).  Only values
-#: below ``1.2e-38`` change.  Smaller calls (the course's small models) are left as they were, bit for bit, and
-#: so are calls without a bias (``none``, RoPE: no gain measured, 2-3% lost to the extra autograd function).
-#: ``None`` turns it off.
+#: A fused SDPA call on CPU with a bias whose scores hold at least this many elements runs with denormal floats
+#: flushed to zero (:func:`cpu_flash.flush_denormals`): ALiBi's distant keys make denormal weights, tens of times
+#: slower on x86.  Smaller calls and calls without a bias are left as they were.  ``None`` turns it off.
 FLUSH_MIN_ELEMENTS: int | None = 2**20
 
 #: A training call on the fused CPU path runs over query blocks of at most this many rows (fewer where
-#: :data:`BLOCK_ELEMENTS` asks for less): a causal block then runs against only the keys up to its last query,
-#: so the decoder's self-attention does about half the work of one ``(Lq, Lk)`` piece (at L = 1024, batch 1,
-#: one thread: fused / explicit 0.79-0.90 in blocks of 128, 0.94-1.07 in one block).
+#: :data:`BLOCK_ELEMENTS` asks), so that a causal block runs against only the keys up to its last query.
 FUSED_BLOCK_ROWS: int = 128
 
-#: The same for a scheme whose fused path runs the keys beyond its clipping distance without a mask
-#: (``clipped_sides``: Shaw, DeBERTa): its laid-out strip is the block's rows plus the clipped band (2k + 1 keys
-#: for Shaw, 255 for DeBERTa's 128 positions), a smaller share of the keys in longer blocks.  Whole step, median of
-#: 5 interleaved repeats over ``none``'s, blocks of 256 rows against 128: DeBERTa 1.86 -> 1.71 at batch 1 and
-#: 1.57 -> 1.61 at batch 2, L = 1024, 1.85 -> 1.77 at batch 1, L = 2048; Shaw 1.20 -> 1.22 at batch 2, L = 1024,
-#: 1.51 -> 1.40 at batch 1, L = 2048.  ``None``: :data:`FUSED_BLOCK_ROWS`.
+#: The same for a scheme whose fused path runs the keys beyond its clipping distance without a mask (Shaw,
+#: DeBERTa): longer blocks make the laid-out strip a smaller share of the keys.  ``None``: :data:`FUSED_BLOCK_ROWS`.
 SIDED_BLOCK_ROWS: int | None = 256
 
-#: A training call of a scheme whose score terms are laid out per block from shared parts (XLNet, DeBERTa:
-#: :func:`_shared_parts_attention`) runs its batch rows in chunks whose blocks lay out at most this many scores
-#: (batch rows x heads x block rows x keys; at least one batch row a chunk), so that a block's terms, weights and
-#: their gradients are written and read again in smaller pieces (at batch 16, L = 1024, a block of all batch rows held
-#: 64 MiB).  XLNet's whole step, median of 3 interleaved repeats over ``none``'s, the whole batch against chunks of
-#: at most 2**21 and 2**23 scores: 1.83 -> 1.70 and 1.65 at batch 16, L = 1024; 1.99 -> 1.89 and 1.81 at batch 8,
-#: L = 2048; at batch 32, L = 1024, 2.10 against chunks of 2 and 8 batch rows (2**21, 2**23) 1.71 and 1.58.
-#: Above :data:`BLOCK_ELEMENTS` a block's rows are counted against one chunk's batch rows (at batch 32, L = 1024:
-#: blocks of 128 rows, not 64), and no chunk's block holds more than :data:`BLOCK_ELEMENTS` scores either.  The
-#: benchmark grid confirmed the gain at batch 32 and 16, L = 1024 (2.37 -> 1.93, 1.82 -> 1.52), not at batch 8,
-#: L = 2048 (2.15 -> 2.17).  T5's calls (the encoder's one fused call, whose backward pass writes out blocks of
-#: rows, and the decoder's blocks laid out per offset) and Shaw's run their batch rows in chunks by the same bound
-#: (:func:`_batch_chunk`; T5's decoder lays out its blocks' bias once per chunk): at batch 32, L = 2048 their
-#: blocks held 32 query rows, and each block added its gradient into all of ``k`` and ``v``.  Whole step there,
-#: median of 3 interleaved repeats over ``none``'s, the whole batch against chunks: t5 1.52 -> 1.23, shaw 1.53 ->
-#: 1.36.  ``None``: the whole batch at once.
+#: A training call of XLNet, DeBERTa, T5 or Shaw runs its batch rows in chunks whose blocks lay out at most this many
+#: scores (:func:`_batch_chunk`; a block's rows counted against one chunk), so that a block's terms and gradients are
+#: written and read in smaller pieces.  How it was measured: benchmarks/README.md.  ``None``: the whole batch at once.
 BATCH_CHUNK_ELEMENTS: int | None = 2**23
 
 

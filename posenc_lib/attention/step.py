@@ -80,7 +80,7 @@ def cross_attention(q: torch.Tensor, cache: dict, key_padding_mask: torch.Tensor
     contiguous, and, for a padded source, an additive ``-inf`` at its pads; later steps read them (all batch-first,
     so :meth:`~posenc_lib.models.seq2seq.DecoderCache.reorder` keeps their rows).  The memory and its padding are
     those of the first step, as for the cached keys themselves.  On this CPU the fused kernel took about 1.6x as long
-    for this shape inside a decoding step (batch 8, 8 heads, 64 source tokens: README, "Leaner cached steps").  A row
+    for this shape inside a decoding step (batch 8, 8 heads, 64 source tokens: benchmarks/README.md, "Cached decoding").  A row
     whose every key is padding gets zeros, as the fused kernel gives it."""
     if "k_t" not in cache:
         k, v = cache["k"], cache["v"]

@@ -122,7 +122,7 @@ class CopeCountingConfig:
         return (1, self.max_word_len) if split == "in_range" else (self.max_word_len + 1, 2 * self.max_word_len)
 
 
-#: ``course``: the lesson's numbers (sized for 4 models x 3 seeds on 2 CPU cores; see the README)
+#: ``course``: the lesson's numbers (sized for 4 models x 3 seeds on 2 CPU cores; see results/README.md)
 COURSE = CopeCountingConfig()
 #: ``smoke``: seconds per model, for tests and CI; learns little
 SMOKE = CopeCountingConfig(name="smoke", letters=6, max_k=2, max_words=3, max_word_len=2, d_model=16, n_heads=2,

@@ -262,11 +262,8 @@ COURSE = ExtrapolationConfig(name="course", steps=2000, mastery=0.99, bias_lr_sc
 #: scheme), one learning-rate rule for every parameter (T5's bias table included), and mastery
 #: judged per training length on 200 sequences each (exact match >= 0.99 at every length 2..16),
 #: checked every 500 updates and recorded, not used to stop.  The rate decays to 1% of its peak, so
-#: that a run ends converged rather than fluctuating around the threshold.  Sized by a first try at
-#: 4000 updates (results/extrapolation_budget_4000): decoder-only NoPE ended at 0.925 on length 16
-#: and sinusoidal at 0.985 on length 13, still short of mastery.  8000 updates left 9 of the 50
-#: decoder-only reversal runs short as well, so that task and model trains with ``--steps 16000``
-#: (results/extrapolation_budget_16000), every scheme alike; there all 50 master.
+#: that a run ends converged rather than fluctuating around the threshold.  How the budget was sized
+#: (and why decoder-only reversal trains with ``--steps 16000``): results/README.md.
 BUDGET = ExtrapolationConfig(name="budget", steps=8000, mastery=0.99, mastery_examples=200, stop_at_mastery=False,
                              check_every=500, bias_lr_scale=1.0, lr_floor=0.01)  # fmt: skip
 #: ``pilot``: the first version of the experiment (no anchor, library table sizes, 1200 updates with

@@ -120,7 +120,7 @@ class InsideConfig:
             raise ValueError(f"train_len={self.train_len}: the first-token measurements need windows of >= 3")
 
 
-#: ``course``: the lesson's numbers (timed with ``--time-updates``; see the README)
+#: ``course``: the lesson's numbers (timed with ``--time-updates``; see results/README.md)
 COURSE = InsideConfig()
 #: ``smoke``: seconds per model, for tests and the lesson before the course run exists; learns nothing
 SMOKE = replace(COURSE, name="smoke", train_lines=3000, eval_chars=4096, d_model=32, n_heads=2, num_layers=2,

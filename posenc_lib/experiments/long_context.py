@@ -102,7 +102,7 @@ class LongContextConfig:
         return max(self.eval_lengths)
 
 
-#: ``course``: the lesson's numbers (see the README for the time it took)
+#: ``course``: the lesson's numbers (its commands and costs: results/README.md)
 COURSE = LongContextConfig()
 #: ``smoke``: seconds per model, for tests and CI; learns little
 SMOKE = LongContextConfig(

@@ -106,9 +106,8 @@ def _compiled_step(model: Seq2SeqTransformer):
 PACK_WEIGHTS = True
 
 
-#: the smallest weight (in elements) whose layer multiplies by a packed copy: below it the matrix library's own product
-#: of a step's few rows is as fast (256 x 256 at 8 rows, six weights taken in turn, 2 threads: 34 us plain, 40-54 us
-#: packed; 1024 x 256: 112 us plain, 49-63 us packed)
+#: the smallest weight (in elements) whose layer multiplies by a packed copy: below it the matrix library's own
+#: product of a step's few rows is as fast (measured: benchmarks/README.md)
 PACK_MIN_ELEMENTS = 2**17
 
 

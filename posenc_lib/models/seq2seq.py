@@ -345,7 +345,7 @@ class Seq2SeqTransformer(nn.Module):
         On CPU, a product with few rows (a decoding step: one per sequence, at most :data:`FEW_ROWS`) is
         computed as ``W @ x^T`` and returned transposed, a view.  The sums are the same as ``x @ W^T``'s
         (rounded in another order), but with the tall ``(vocab, d_model)`` matrix on the left this torch's
-        CPU matrix library takes well under half the time for 8 rows (README, "What each scheme costs").
+        CPU matrix library takes well under half the time for 8 rows (benchmarks/README.md, "Cached decoding").
         """
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         rows = x.shape[0] * x.shape[1]

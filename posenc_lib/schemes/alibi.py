@@ -38,12 +38,9 @@ from ..utils import (
     check_bool, check_choice, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
 )
 
-#: a bias of at least this many elements (heads x queries x keys) over one window of consecutive positions is
-#: kept as one value per offset ``j - i`` and laid out only where a call needs it whole (:meth:`ALiBi.bias`); a
-#: causal training call on the fused CPU path lays out one block of query rows at a time instead and never
-#: writes the whole ``(heads, L, L)`` bias (128 MiB at L = 2048, 8 heads) nor, per decoder layer, a copy of it
-#: with the future masked.  The values are the same products as :func:`alibi_bias`'s, so the bias is the same
-#: bit for bit; smaller biases (the course's models) are built as before.
+#: a bias of at least this many elements (heads x queries x keys) over consecutive positions is kept as one value per
+#: offset ``j - i`` (the same values as :func:`alibi_bias`), laid out whole only where a call needs it and block by
+#: block in causal training calls on the fused CPU path; smaller biases (the course's models) are built as before.
 OFFSET_MIN_ELEMENTS: int | None = 2**20
 
 
