@@ -41,7 +41,7 @@ def _drop(rec):
 
 def test_one_rule_four_way(results, verdicts):
     """'One statistic, one rule': three tiers; Shaw-RoPE not separated with p < 0.05 in one seed of three; all
-    twelve in bf16; the fp32 reruns moved in-domain BLEU by at most 0.15, under a fifth of the smallest ranked gap."""
+    twelve in bf16; the reruns in fp32 moved in-domain BLEU by at most 0.26, under a fifth of the smallest ranked gap."""
     assert {len(results["models"][pe]) for pe in FOUR} == {3}
     assert all(r["precision"] == "bf16" for pe in FOUR for r in results["models"][pe].values())
     for a, b in [("none", "sinusoidal"), ("none", "shaw"), ("none", "rope"), ("sinusoidal", "shaw"),
@@ -50,10 +50,10 @@ def test_one_rule_four_way(results, verdicts):
     sr = verdicts["shaw", "rope"]
     assert sr["verdict"] == "not separated" and sum(x["p"] < 0.05 for x in sr["seeds"].values()) == 1
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
-    assert {(r["pe"], r["seed"]) for r in prec} == {("shaw", 2), ("rope", 2)}
+    assert len(prec) == 4 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
     moved = max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec)
     smallest = min(verdicts[k]["mean"] for k in [("none", "sinusoidal"), ("sinusoidal", "shaw"), ("sinusoidal", "rope")])
-    assert round(moved, 2) <= 0.15 and moved < smallest / 5
+    assert round(moved, 2) == 0.26 and moved < smallest / 5
     assert read_json(RUN / "config.json")["profile"]["bootstrap_samples"] == 1000
 
 
@@ -102,7 +102,7 @@ def test_the_length_story(results):
     assert long["bucket"] == "61+" and long["sentences"] == 484
     early = ["sinusoidal", "learned", "shaw", "rope", "xlnet", "deberta"]
     shares = [mean("newstest2014", pe, "stops_early", -1) for pe in early]
-    assert [round(100 * min(shares)), round(100 * max(shares))] == [31, 73]
+    assert [round(100 * min(shares)), round(100 * max(shares))] == [31, 72]
     bps = [mean("newstest2014", pe, "bp") for pe in early]
     assert [round(min(bps), 2), round(max(bps), 2)] == [0.67, 0.80]
     others = [pe for pe in NINE if pe not in early]
@@ -118,7 +118,8 @@ def test_nine_encodings_one_rule(results, verdicts):
     none); the descriptive gaps; ALiBi's shuffled-source drops against the others'."""
     seeds = {pe: sorted(int(s) for s in results["models"][pe]) for pe in FIVE}
     assert seeds == {"learned": [0], "t5": [0, 1], "xlnet": [0], "deberta": [0], "alibi": [0, 1]}
-    assert all(r["precision"] == "fp32" for pe in FIVE for r in results["models"][pe].values())
+    prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
+    assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.26
     assert R.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
     for pe in FIVE:
         v_none, v_sin = verdicts["none", pe], verdicts["sinusoidal", pe]
@@ -129,12 +130,12 @@ def test_nine_encodings_one_rule(results, verdicts):
     none_mean = R.seed_stats(results, "heldout", "bleu")["none"]["mean"]
     one_seed = ["learned", "xlnet", "deberta"]
     above_none = [_bleu(results, pe, 0) - none_mean for pe in one_seed]
-    assert 9 <= min(above_none) and max(above_none) < 10.2
+    assert [round(min(above_none), 1), round(max(above_none), 1)] == [8.8, 10.1]
     above_sin = [_bleu(results, pe, 0) - _bleu(results, "sinusoidal", 0) for pe in one_seed]
-    assert [round(min(above_sin), 1), round(max(above_sin), 1)] == [0.6, 1.6]
+    assert [round(min(above_sin), 1), round(max(above_sin), 1)] == [0.3, 1.6]
     t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
     alibi = [round(_bleu(results, "sinusoidal", s) - _bleu(results, "alibi", s), 2) for s in (0, 1)]
-    assert t5 == [0.55, 0.91] and alibi == [2.35, 1.37]
+    assert t5 == [0.38, 0.91] and alibi == [2.35, 1.37]
     alibi_drops = [round(_drop(r), 1) for r in results["models"]["alibi"].values()]
     others = [_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
     assert alibi_drops == [10.0, 10.6] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]

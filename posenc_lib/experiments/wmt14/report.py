@@ -369,7 +369,8 @@ def precision_markdown(rows: list[dict]) -> str:
     head = "| scheme | seed | " + " | ".join(f"{lab}: {rows[0]['a']} → {rows[0]['b']} (Δ)" for lab in labels) + " |"
     lines = [head, "|" + "---|" * (2 + len(labels))]
     for r in rows:
-        cells = [f"{a:g} → {b:g} ({d:+.{3 if lab.startswith('BP') else 2}f})"
+        nd = {lab: 3 if lab.startswith("BP") else 2 for lab in labels}
+        cells = [f"{a:.{nd[lab]}f} → {b:.{nd[lab]}f} ({d:+.{nd[lab]}f})"
                  for lab, (a, b, d) in ((lab, r["scores"][lab]) for lab in labels)]
         lines.append(f"| {r['pe']} | {r['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
