@@ -567,6 +567,9 @@ def test_with_budget_paused_a_pause_it_cannot_record_is_one_line(paused, capsys)
 
 def test_with_budget_paused_resumes_training_a_killed_one_left_stopped(paused, capsys):
     os.kill(paused.training.pid, signal.SIGSTOP)  # what a with_budget_paused.py killed with SIGKILL leaves
+    deadline = time.monotonic() + 10
+    while _state(paused.training.pid) != "T" and time.monotonic() < deadline:  # SIGSTOP lands asynchronously
+        time.sleep(0.01)
     assert paused.main(["true"]) == 0
     assert _state(paused.training.pid) != "T"
     err = _lines(capsys.readouterr().err)
