@@ -218,6 +218,32 @@ def test_the_precision_table_is_the_rendering_of_both_runs():
         R.precision_markdown(R.precision_pairs(RUN, RUN))
 
 
+def test_the_summary_table_is_the_rendering_of_the_run():
+    """results/wmt14-laptop/table.md is what report.summary_markdown makes of results.json; its cells are
+    seed_stats' means and intervals, its cost line the sum of every model's training and decoding time."""
+    results = R.read_json(RUN / "results.json")
+    text = R.summary_markdown(results)
+    assert (RUN / "table.md").read_text() == R.SUMMARY_HEADER.format(run=RUN.name, path="results/wmt14-laptop") + text
+    rows = {line.split(" | ")[0].strip("|` "): line.split(" | ")[1:] for line in text.splitlines()
+            if line.startswith("| `")}
+    assert list(rows) == list(results["models"])
+    bleu = R.seed_stats(results, "heldout", "bleu")
+    for pe, cells in rows.items():
+        assert cells[0] == ",".join(sorted(results["models"][pe], key=int))
+        want = f"{bleu[pe]['mean']:.1f}" + ("" if bleu[pe]["n"] == 1 else f" ± {bleu[pe]['ci95']:.1f}")
+        assert cells[2] == want, pe
+    n = sum(len(m) for m in results["models"].values())
+    assert f"{n} models, {R.cpu_hours(results):.1f} CPU hours" in text
+
+
+def test_summary_cli_refuses_a_missing_folder_and_wrong_arity(tmp_path, capsys):
+    assert R.main(["summary", str(tmp_path)]) == 2
+    assert "results.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        R.main(["summary", str(RUN), str(tmp_path)])
+    assert not (tmp_path / "table.md").exists() and not (tmp_path / "precision.md").exists()
+
+
 def test_length_row_follows_sacrebleus_brevity_penalty():
     """Two sentences, hypothesis lengths 3 and 13 against references 8 and 6 (13a tokens): ratio 16/14, BP 1; the
     first alone stops early (3 < 8/2), the second alone runs on (13 > 2 x 6) with BP 1, and 3 vs 8 gives

@@ -388,25 +388,81 @@ rounding), so it is the size of change a precision switch can cause, not a bias 
 """
 
 
+SUMMARY_COLUMNS = (("heldout", "bleu", 1, "in-domain BLEU"), ("heldout", "shuffled", 1, "in-domain BLEU, shuffled source"),
+                   ("heldout", "chrf", 1, "in-domain chrF"), ("heldout", "bertscore_f1", 3, "in-domain BERTScore F1"),
+                   ("newstest2014", "bleu", 1, "newstest2014 BLEU"), ("newstest2014", "short_bleu", 1, "newstest2014 BLEU, ≤ 24"))
+
+
+def cpu_hours(results: dict) -> float:
+    """Training and decoding time of every model of a run, in hours of one thread (each model ran on one)."""
+    return sum(r["wall_s"] + sum(t["decode_s"] for t in r["tests"].values())
+               for by_seed in results["models"].values() for r in by_seed.values()) / 3600
+
+
+def summary_markdown(results: dict) -> str:
+    """A run's table: per scheme its seeds, their precisions and each score of :data:`SUMMARY_COLUMNS` as the mean
+    over seeds ± the half-width of its 95% t-interval (no interval for one seed), then the run's size and cost."""
+    stats = {key: seed_stats(results, test, metric) for test, metric, _, _ in SUMMARY_COLUMNS
+             for key in [(test, metric)]}
+    lines = ["| scheme | seeds | precision | " + " | ".join(c[3] for c in SUMMARY_COLUMNS) + " |",
+             "|" + "---|" * (3 + len(SUMMARY_COLUMNS))]
+    for pe, by_seed in results["models"].items():
+        seeds = sorted(by_seed, key=int)
+        precisions = {}
+        for s in seeds:
+            precisions.setdefault(by_seed[s]["precision"], []).append(s)
+        prec = precisions and "; ".join(p if len(precisions) == 1 else f"{p} (seed {','.join(ss)})"
+                                        for p, ss in precisions.items())
+        cells = []
+        for test, metric, nd, _ in SUMMARY_COLUMNS:
+            st = stats[test, metric].get(pe)
+            cells.append("–" if st is None else f"{st['mean']:.{nd}f}" + ("" if st["n"] == 1 else f" ± {st['ci95']:.{nd}f}"))
+        lines.append(f"| `{pe}` | {','.join(seeds)} | {prec} | " + " | ".join(cells) + " |")
+    n = sum(len(m) for m in results["models"].values())
+    lines += ["", f"{n} models, {cpu_hours(results):.1f} CPU hours of training and decoding (one thread per model)."]
+    return "\n".join(lines) + "\n"
+
+
+SUMMARY_HEADER = """# {run}: the scores over seeds
+
+Written from `results.json` by `python -m posenc_lib.experiments.wmt14.report summary {path}`.
+"In-domain" is the held-out Europarl test, newstest2014 the official news test set and "≤ 24" its sentences whose
+source fits the training length. Mean over the seeds listed ± the half-width of the 95% t-interval of that mean
+(no interval for one seed). BERTScore uses all-MiniLM-L6-v2 and is not comparable with published BERTScores.
+
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m posenc_lib.experiments.wmt14.report precision RUN_A RUN_B``: write ``RUN_B/precision.md``."""
+    """``python -m posenc_lib.experiments.wmt14.report summary RUN`` writes ``RUN/table.md``;
+    ``... precision RUN_A RUN_B`` writes ``RUN_B/precision.md``."""
     import sys
 
     from ...utils import CliParser, atomic_write_text
 
     ap = CliParser(prog="python -m posenc_lib.experiments.wmt14.report",
                    description="Tables generated from finished WMT14 run folders.")
-    ap.add_argument("table", choices=["precision"])
-    ap.add_argument("run_a", help="the run folder of the reference models (e.g. results/wmt14-laptop)")
-    ap.add_argument("run_b", help="the run folder of the same models in another precision; precision.md goes here")
+    ap.add_argument("table", choices=["summary", "precision"],
+                    help="summary: RUN_A/table.md, the scores over seeds; precision: RUN_B/precision.md, "
+                         "the models both folders hold in different precisions")
+    ap.add_argument("run_a", help="the run folder (for precision: the reference models, e.g. results/wmt14-laptop)")
+    ap.add_argument("run_b", nargs="?", help="precision only: the folder of the same models in another precision")
     args = ap.parse_args(argv)
+    if (args.table == "precision") != (args.run_b is not None):
+        ap.error("precision takes two run folders, summary one")
     try:
-        text = PRECISION_HEADER + precision_markdown(precision_pairs(args.run_a, args.run_b))
+        if args.table == "summary":
+            target = Path(args.run_a) / "table.md"
+            results = read_json(Path(args.run_a) / "results.json")
+            text = SUMMARY_HEADER.format(run=Path(args.run_a).name, path=args.run_a) + summary_markdown(results)
+        else:
+            target = Path(args.run_b) / "precision.md"
+            text = PRECISION_HEADER + precision_markdown(precision_pairs(args.run_a, args.run_b))
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    atomic_write_text(Path(args.run_b) / "precision.md", text)
-    print(f"wrote {Path(args.run_b) / 'precision.md'}")
+    atomic_write_text(target, text)
+    print(f"wrote {target}")
     return 0
 
 
