@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.report import TARGET_CACHE_SPEEDUP, TARGETS_1024, batch_goals
+from posenc_lib.experiments.wmt14.report import shuffle_drop
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "results"
@@ -105,10 +106,6 @@ def _bleu():
     return results, seed_stats(results, "heldout", "bleu")
 
 
-def _shuffle_drop(r) -> float:
-    return r["tests"]["heldout"]["bleu"] - r["tests"]["heldout"]["shuffled_source"]["bleu"]
-
-
 def _verdicts(results, schemes):
     from posenc_lib.experiments.wmt14.report import bootstrap_by_seed, ranking_verdict
 
@@ -134,8 +131,8 @@ def finale_in_the_readme():
     assert v["sinusoidal", "shaw"]["verdict"] == v["sinusoidal", "rope"]["verdict"] == "b ahead"
     assert v["shaw", "rope"]["verdict"] == "not separated"
     yield README, "by the rule all three beat `none`, Shaw and RoPE beat sinusoidal, and Shaw and RoPE are not separated"
-    drops = [_shuffle_drop(r) for pe in AWARE for r in models[pe].values()]
-    assert all(_shuffle_drop(r) == 0 for r in models["none"].values())
+    drops = [shuffle_drop(r) for pe in AWARE for r in models[pe].values()]
+    assert all(shuffle_drop(r) == 0 for r in models["none"].values())
     yield README, f"costs sinusoidal, Shaw and RoPE {span(drops, 1)} BLEU while `none` does not move"
     nine = _verdicts(results, NINE)
     assert all(nine["sinusoidal", pe]["verdict"] == "not separated" for pe in NINE if pe not in AWARE_AND_NONE)
@@ -161,7 +158,7 @@ def finale_laptop_run():
     assert sr["verdict"] == "not separated" and sr["seeds"][0]["delta"] > 0 > max(sr["seeds"][s]["delta"] for s in (1, 2))
     yield RESULTS_PAGE, (f"(RoPE ahead in seed 0, p = {sr['seeds'][0]['p']:.3f}; Shaw in seeds 1 and 2, p = "
                          f"{sr['seeds'][1]['p']:.3f} and {sr['seeds'][2]['p']:.3f})")
-    drops = [_shuffle_drop(r) for pe in AWARE for r in models[pe].values()]
+    drops = [shuffle_drop(r) for pe in AWARE for r in models[pe].values()]
     yield RESULTS_PAGE, f"RoPE {span(drops, 1)} BLEU while `none` does not move"
     nine = _verdicts(results, NINE)
     five = [pe for pe in NINE if pe not in AWARE_AND_NONE]
@@ -169,8 +166,8 @@ def finale_laptop_run():
     assert all(nine[a, b]["verdict"] == "not separated" for a in NINE for b in five if a != b and a != "none")
     yield RESULTS_PAGE, "the rule ranks only T5 and ALiBi, both ahead of `none`"
     others = [pe for pe in models if pe not in ("none", "alibi")]
-    alibi = [_shuffle_drop(models["alibi"][s]) for s in sorted(models["alibi"], key=int)]
-    rest = [_shuffle_drop(r) for pe in others for r in models[pe].values()]
+    alibi = [shuffle_drop(models["alibi"][s]) for s in sorted(models["alibi"], key=int)]
+    rest = [shuffle_drop(r) for pe in others for r in models[pe].values()]
     assert max(alibi) < min(rest)
     yield RESULTS_PAGE, (f"ALiBi's shuffled-source BLEU is {alibi[0]:.1f} and {alibi[1]:.1f} lower where the others "
                          f"lose {span(rest, 1)}")
@@ -255,8 +252,8 @@ def finale_gpu_500_run():
         assert all(boot[int(seed)][frozenset(pair)] <= 0.001 for pair in zip(order, order[1:]))
         yield RESULTS_PAGE, ", ".join(f"`{pe}` {bleu[pe]:.1f}" for pe in order)
     yield RESULTS_PAGE, "the order `none` < `sinusoidal` < `shaw` < `rope`, every step with paired bootstrap p ≤ 0.001"
-    drop = [_shuffle_drop(m[pe]) for pe in AWARE]
-    assert _shuffle_drop(m["none"]) == 0
+    drop = [shuffle_drop(m[pe]) for pe in AWARE]
+    assert shuffle_drop(m["none"]) == 0
     yield RESULTS_PAGE, f"{span(drop, 1)} BLEU lower on shuffled sources (`none` unchanged)"
     yield RESULTS_PAGE, f"newstest2014 BLEU {span([r['tests']['newstest2014']['bleu'] for r in m.values()], 1)}"
     one = {pe: r["1"] for pe, r in res["models"].items()}

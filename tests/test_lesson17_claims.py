@@ -34,11 +34,6 @@ def _bleu(results, pe, seed, test="heldout"):
     return results["models"][pe][str(seed)]["tests"][test]["bleu"]
 
 
-def _drop(rec):
-    t = rec["tests"]["heldout"]
-    return t["bleu"] - t["shuffled_source"]["bleu"]
-
-
 def test_one_rule_four_way(results, verdicts):
     """'One statistic, one rule': three tiers; Shaw-RoPE not separated with p < 0.05 in one seed of three; all
     twelve in bf16; the reruns in fp32 moved in-domain BLEU by at most 0.26, under a fifth of the smallest ranked gap."""
@@ -60,8 +55,8 @@ def test_one_rule_four_way(results, verdicts):
 def test_shuffled_source_and_repetition(results):
     """'Does the model read word order?' and 'What this scale can show': `none` unmoved, sinusoidal/Shaw/RoPE
     lose 14.9-18.0 in every seed; degenerate repetition at most a few percent."""
-    assert all(_drop(r) == 0 for r in results["models"]["none"].values())
-    drops = [_drop(r) for pe in FOUR[1:] for r in results["models"][pe].values()]
+    assert all(R.shuffle_drop(r) == 0 for r in results["models"]["none"].values())
+    drops = [R.shuffle_drop(r) for pe in FOUR[1:] for r in results["models"][pe].values()]
     assert [round(min(drops), 1), round(max(drops), 1)] == [14.9, 18.0]
     rates = [repetition_rate((RUN / f"{pe}-seed{s}" / "hyp.heldout.txt").read_text(encoding="utf-8").splitlines())
              for pe in FOUR for s in results["models"][pe]]
@@ -136,8 +131,8 @@ def test_nine_encodings_one_rule(results, verdicts):
     t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
     alibi = [round(_bleu(results, "sinusoidal", s) - _bleu(results, "alibi", s), 2) for s in (0, 1)]
     assert t5 == [0.38, 0.91] and alibi == [2.35, 1.37]
-    alibi_drops = [round(_drop(r), 1) for r in results["models"]["alibi"].values()]
-    others = [_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
+    alibi_drops = [round(R.shuffle_drop(r), 1) for r in results["models"]["alibi"].values()]
+    others = [R.shuffle_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
     assert alibi_drops == [10.0, 10.6] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]
 
 

@@ -38,6 +38,12 @@ def _metric(res: dict, metric: str):
     return res.get(metric)
 
 
+def shuffle_drop(result: dict, test: str = "heldout") -> float:
+    """BLEU lost when the source words are shuffled: one model's ``result`` (``results["models"][pe][seed]``)."""
+    t = result["tests"][test]
+    return t["bleu"] - t["shuffled_source"]["bleu"]
+
+
 def seed_stats(results: dict, test: str = "heldout", metric: str = "bleu") -> dict[str, dict]:
     """``{scheme: {"values": {seed: v}, "mean", "ci95", "n", "min", "max"}}`` of one metric (:data:`METRICS`:
     ``bleu``, ``chrf``, ``bertscore_f1``, ``shuffled`` or, on newstest2014, ``short_bleu``/``short_chrf`` for the
@@ -134,20 +140,33 @@ def bootstrap_by_seed(run_dir, test: str = "heldout", n_samples: int | None = No
     if tag is not None and (not isinstance(tag, str) or not tag.replace("-", "").replace("_", "").isalnum()):
         raise ValueError(f"tag must be letters, digits, '-' or '_' (a file name part), got {tag!r}")
     path = run_dir / f"bootstrap_by_seed.{test}{'' if tag is None else '.' + tag}.json"
+
+    def compute():
+        out = {}
+        for seed in seeds:
+            have = [pe for pe in names if str(seed) in results["models"][pe]]
+            if len(have) < 2:
+                continue
+            hyps = {pe: _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt") for pe in have}
+            out[seed] = paired_bootstrap(hyps, refs[: len(next(iter(hyps.values())))], n_samples=n)
+        return out
+
+    return _digest_cached(path, digest.hexdigest(), cache, compute,
+                          save=lambda out: {"n_samples": n, "test": test, "seeds": {str(s): r for s, r in out.items()}},
+                          load=lambda old: {int(s): rows for s, rows in old["seeds"].items()})
+
+
+def _digest_cached(path: Path, inputs: str, cache: bool, compute, *, save, load):
+    """``compute()``, kept in the JSON file ``path`` under the digest ``inputs`` of what it was made from: reused
+    while the digest matches, made again (and the file replaced) when it does not.  ``save``/``load`` turn the
+    answer into the file's other fields and back."""
     if cache and path.is_file():
         old = read_json(path)
-        if old.get("inputs") == digest.hexdigest():
-            return {int(s): rows for s, rows in old["seeds"].items()}
-    out = {}
-    for seed in seeds:
-        have = [pe for pe in names if str(seed) in results["models"][pe]]
-        if len(have) < 2:
-            continue
-        hyps = {pe: _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt") for pe in have}
-        out[seed] = paired_bootstrap(hyps, refs[: len(next(iter(hyps.values())))], n_samples=n)
+        if old.get("inputs") == inputs:
+            return load(old)
+    out = compute()
     if cache:
-        atomic_write_json(path, {"inputs": digest.hexdigest(), "n_samples": n, "test": test,
-                                 "seeds": {str(s): rows for s, rows in out.items()}})
+        atomic_write_json(path, {"inputs": inputs, **save(out)})
     return out
 
 
@@ -238,35 +257,35 @@ def length_story(run_dir, test: str = "newstest2014", edges=(1, 25, 41, 61), cac
         for seed in sorted(by_seed, key=int):
             digest.update(f"{pe} {seed}".encode() + (run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt").read_bytes())
     path = run_dir / f"lengths.{test}.json"
-    if cache and path.is_file():
-        old = read_json(path)
-        if old.get("inputs") == digest.hexdigest():
-            return {**old["lengths"], "models": {pe: {int(s): r for s, r in by_seed.items()}
-                                                 for pe, by_seed in old["lengths"]["models"].items()}}
-    src, ref = _lines(run_dir / f"src.{test}.txt"), _lines(run_dir / f"ref.{test}.txt")
-    lengths = [len(ids) for ids in _tokenizer(run_dir, results).encode(src)]
-    buckets = []
-    for k, lo in enumerate(edges):
-        hi = edges[k + 1] if k + 1 < len(edges) else None
-        idx = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
-        if idx:
-            buckets.append((f"{lo}-{hi - 1}" if hi is not None else f"{lo}+", idx))
-    models: dict = {}
-    for pe, by_seed in results["models"].items():
-        for seed in sorted(by_seed, key=int):
-            hyp = _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt")
-            if len(hyp) != len(ref):
-                raise ValueError(f"{run_dir / f'{pe}-seed{seed}' / f'hyp.{test}.txt'} has {len(hyp)} lines, "
-                                 f"ref.{test}.txt {len(ref)}: that model was scored on other sentences")
-            stats = BLEU()._extract_corpus_statistics(hyp, [ref])
-            models.setdefault(pe, {})[int(seed)] = {
-                "all": _length_row(stats, list(range(len(ref)))),
-                "buckets": [{"bucket": name, **_length_row(stats, idx)} for name, idx in buckets],
-            }
-    out = {"test": test, "edges": edges, "max_tokens": results["config"]["profile"]["max_tokens"], "models": models}
-    if cache:
-        atomic_write_json(path, {"inputs": digest.hexdigest(), "lengths": out})
-    return out
+
+    def compute():
+        src, ref = _lines(run_dir / f"src.{test}.txt"), _lines(run_dir / f"ref.{test}.txt")
+        lengths = [len(ids) for ids in _tokenizer(run_dir, results).encode(src)]
+        buckets = []
+        for k, lo in enumerate(edges):
+            hi = edges[k + 1] if k + 1 < len(edges) else None
+            idx = [i for i, n in enumerate(lengths) if n >= lo and (hi is None or n < hi)]
+            if idx:
+                buckets.append((f"{lo}-{hi - 1}" if hi is not None else f"{lo}+", idx))
+        models: dict = {}
+        for pe, by_seed in results["models"].items():
+            for seed in sorted(by_seed, key=int):
+                hyp = _lines(run_dir / f"{pe}-seed{seed}" / f"hyp.{test}.txt")
+                if len(hyp) != len(ref):
+                    raise ValueError(f"{run_dir / f'{pe}-seed{seed}' / f'hyp.{test}.txt'} has {len(hyp)} lines, "
+                                     f"ref.{test}.txt {len(ref)}: that model was scored on other sentences")
+                stats = BLEU()._extract_corpus_statistics(hyp, [ref])
+                models.setdefault(pe, {})[int(seed)] = {
+                    "all": _length_row(stats, list(range(len(ref)))),
+                    "buckets": [{"bucket": name, **_length_row(stats, idx)} for name, idx in buckets],
+                }
+        return {"test": test, "edges": edges, "max_tokens": results["config"]["profile"]["max_tokens"],
+                "models": models}
+
+    return _digest_cached(path, digest.hexdigest(), cache, compute, save=lambda out: {"lengths": out},
+                          load=lambda old: {**old["lengths"], "models": {
+                              pe: {int(s): r for s, r in by_seed.items()}
+                              for pe, by_seed in old["lengths"]["models"].items()}})
 
 
 def long_sample(run_dir, test: str = "newstest2014", tokens: tuple[int, int] = (40, 50), seed: int | None = None) -> dict:
