@@ -42,7 +42,8 @@ _LLAMA4 = "Meta 2025, meta-llama/llama-models, llama4 args (only Llama-4-Scout u
 
 #: released rope fields per model, as ``transformers``' ``rope_parameters`` (Gemma 3: one dict per layer type);
 #: ``head_dim``: the rotating size per head (the head size of ``transformers``' defaults for Gemma 3 and Llama 4,
-#: ``qk_rope_head_dim`` for DeepSeek-V3)
+#: ``qk_rope_head_dim`` for DeepSeek-V3); ``max_position_embeddings``: the tiny config's (Gemma 3's 128K and 32K
+#: contexts, 40 x 4,096 for DeepSeek-V3, ``transformers``' default for Llama 4)
 SHIPPED: dict[str, dict[str, Any]] = {
     "gemma3-4b+": {
         "model_type": "gemma3_text", "head_dim": 256, "max_position_embeddings": 131072, "source": _GEMMA3,
