@@ -24,6 +24,7 @@ module                scheme                                                    
 ``rope_layers.py``    positions per layer: local/global bases, RoPE/NoPE, Llama 4's temperature  15
 ``mla.py``            multi-head latent attention with decoupled RoPE; KV-cache sizes            15
 ``mrope.py``          multimodal RoPE (Qwen2-VL chunked, Qwen3-VL interleaved)                   15
+``shipped.py``        the RoPE settings released models ship (Gemma 3, DeepSeek-V3, Llama 4)     15
 ``registry.py``       ``PE_TYPES``, ``SURVEY_TYPES``, ``make_scheme``: every scheme by name      all
 ====================  =========================================================================  ==========
 

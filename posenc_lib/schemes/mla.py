@@ -27,6 +27,14 @@ DeepSeek-V3's checkpoints store ``q^R`` and ``k^R`` with interleaved pairs ``(x0
 (``rope_interleave`` in ``transformers``), which :class:`LatentAttention` applies with lesson 06's
 interleaved rotation.
 
+DeepSeek-V3 (arXiv:2412.19437, sec. 4.3) extends its context with YaRN on the rotary part only
+(``scaling={"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 1,
+"mscale_all_dim": 1}``).  With ``mscale == mscale_all_dim`` the temperature does not reach cos and sin
+(their factor ``mscale(s, mscale) / mscale(s, mscale_all_dim)`` is 1); it multiplies the softmax scale
+instead, by ``mscale(s, mscale_all_dim)^2`` with ``mscale(s, a) = 0.1 a ln s + 1`` (1.874 at ``s = 40``),
+as ``yarn_apply_mscale`` in ``transformers``' DeepSeek-V3 code does: every score, the position-free
+part included, is sharpened.
+
 Taught in notebooks/15_rope_in_llms.ipynb (section 4).
 """
 from __future__ import annotations
@@ -37,10 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .rope_scaling import LENGTH_DEPENDENT, check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies, yarn_mscale
 from .rotary import apply_rope_cos_sin, rope_cos_sin
 from ..utils import check_even, check_positive_int
 
-__all__ = ["LatentAttention", "kv_cache_elements", "CACHE_KINDS"]
+__all__ = ["LatentAttention", "latent_attention_from_config", "softmax_mscale", "kv_cache_elements", "CACHE_KINDS"]
 
 #: the attention kinds :func:`kv_cache_elements` sizes
 CACHE_KINDS = ("mha", "gqa", "mla")
@@ -54,10 +63,14 @@ class LatentAttention(nn.Module):
     (even); ``v_dim``: each head's value size.  ``forward(x (batch, T, d_model), absorb=False)`` returns
     ``(batch, T, d_model)``; ``absorb=True`` computes the same attention against the latents, with
     ``W_UK`` folded into the queries and ``W_UV`` applied after the weighted sum.
+    ``scaling``: ``None`` (plain RoPE) or a context-extension dict for the rotary part (rope_scaling.py; not
+    the length-dependent ``dynamic`` or ``longrope``); a YaRN dict with ``mscale_all_dim`` also multiplies
+    the softmax scale by :func:`softmax_mscale` (DeepSeek-V3).
     """
 
     def __init__(self, d_model: int, n_heads: int, kv_rank: int, nope_dim: int, rope_dim: int, v_dim: int,
-                 base: float = 10000.0, interleaved: bool = True, eps: float = 1e-6):  # fmt: skip
+                 base: float = 10000.0, interleaved: bool = True, eps: float = 1e-6,
+                 scaling: dict | None = None):  # fmt: skip
         super().__init__()
         for name, v in (("d_model", d_model), ("n_heads", n_heads), ("kv_rank", kv_rank), ("nope_dim", nope_dim),
                         ("v_dim", v_dim)):  # fmt: skip
@@ -65,12 +78,19 @@ class LatentAttention(nn.Module):
         self.n_heads, self.kv_rank, self.nope_dim, self.v_dim = n_heads, kv_rank, nope_dim, v_dim
         self.rope_dim = check_even("rope_dim", rope_dim)
         self.base, self.interleaved = base, interleaved
+        self.scaling = check_scaling(scaling)
+        if self.scaling is not None:
+            if self.scaling["rope_type"] in LENGTH_DEPENDENT:
+                raise ValueError(f"LatentAttention takes a fixed rope scaling; rope_type {self.scaling['rope_type']!r} "
+                                 f"depends on the length (valid: linear, ntk, yarn, llama3, proportional)")  # fmt: skip
+            scaled_rope_frequencies(self.rope_dim, base, self.scaling)  # reject a bad base now
         self.q_proj = nn.Linear(d_model, n_heads * (nope_dim + rope_dim), bias=False)
         self.kv_a_proj = nn.Linear(d_model, kv_rank + rope_dim, bias=False)  # W_DKV and W_KR side by side
         self.kv_norm = nn.RMSNorm(kv_rank, eps=eps)
         self.kv_b_proj = nn.Linear(kv_rank, n_heads * (nope_dim + v_dim), bias=False)  # W_UK and W_UV per head
         self.o_proj = nn.Linear(n_heads * v_dim, d_model, bias=False)
-        self.scale = 1.0 / math.sqrt(nope_dim + rope_dim)
+        mscale = softmax_mscale(self.scaling)  # 1 unless YaRN with mscale_all_dim (DeepSeek-V3)
+        self.scale = 1.0 / math.sqrt(nope_dim + rope_dim) * mscale * mscale
 
     def cache_elements_per_token(self) -> int:
         """Numbers cached per token (this layer): the latent and the shared rotary key."""
@@ -79,15 +99,21 @@ class LatentAttention(nn.Module):
     def latents(self, x: torch.Tensor, positions: torch.Tensor):
         """What a cache would hold: ``c (batch, T, kv_rank)`` and the rotated shared key ``k_rope (batch, T, rope_dim)``."""
         c, k_rope = self.kv_a_proj(x).split((self.kv_rank, self.rope_dim), dim=-1)
-        cos, sin = rope_cos_sin(positions, self.rope_dim, self.base, self.interleaved)
+        cos, sin = self.cos_sin(positions)
         return self.kv_norm(c), apply_rope_cos_sin(k_rope, cos, sin, self.interleaved)
+
+    def cos_sin(self, positions: torch.Tensor):
+        """cos and sin ``(T, rope_dim)`` of the rotary part, scaled when ``scaling`` is given."""
+        if self.scaling is None:
+            return rope_cos_sin(positions, self.rope_dim, self.base, self.interleaved)
+        return scaled_rope_cos_sin(positions, self.rope_dim, self.base, self.interleaved, self.scaling)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, absorb: bool = False) -> torch.Tensor:
         b, t, _ = x.shape
         positions = torch.arange(t, device=x.device) if positions is None else positions
         q = self.q_proj(x).view(b, t, self.n_heads, -1).transpose(1, 2)  # (b, H, T, nope + rope)
         q_nope, q_rope = q.split((self.nope_dim, self.rope_dim), dim=-1)
-        cos, sin = rope_cos_sin(positions, self.rope_dim, self.base, self.interleaved)
+        cos, sin = self.cos_sin(positions)
         q_rope = apply_rope_cos_sin(q_rope, cos, sin, self.interleaved)
         c, k_rope = self.latents(x, positions)  # (b, T, kv_rank), (b, T, rope)
         w = self.kv_b_proj.weight.view(self.n_heads, self.nope_dim + self.v_dim, self.kv_rank)
@@ -106,6 +132,32 @@ class LatentAttention(nn.Module):
         else:
             out = probs @ torch.einsum("hvr,btr->bhtv", w_uv, c)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.v_dim))
+
+
+def softmax_mscale(scaling: dict | None) -> float:
+    """DeepSeek's factor on the softmax scale is this squared: ``0.1 * mscale_all_dim * ln(factor) + 1`` for a
+    scaling dict with ``mscale_all_dim`` (YaRN), 1 otherwise (as ``yarn_apply_mscale`` in ``transformers``)."""
+    scaling = check_scaling(scaling)
+    if scaling is None or not scaling.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"])
+
+
+def latent_attention_from_config(config) -> LatentAttention:
+    """:class:`LatentAttention` with the sizes and rope fields of a ``transformers`` DeepSeek-V2/V3 config.
+
+    Needs ``q_lora_rank=None`` (queries projected directly) and a single ``rope_parameters`` dict.
+    """
+    if getattr(config, "q_lora_rank", None) is not None:
+        raise ValueError(f"LatentAttention projects queries directly; the config has q_lora_rank="
+                         f"{config.q_lora_rank!r}, give q_lora_rank=None")  # fmt: skip
+    params = dict(config.rope_parameters)
+    rope_type = params.pop("rope_type", "default")
+    base = float(params.pop("rope_theta"))
+    return LatentAttention(config.hidden_size, config.num_attention_heads, config.kv_lora_rank, config.qk_nope_head_dim,
+                           config.qk_rope_head_dim, config.v_head_dim, base=base,
+                           interleaved=bool(getattr(config, "rope_interleave", True)), eps=config.rms_norm_eps,
+                           scaling=None if rope_type == "default" else {"rope_type": rope_type, **params})  # fmt: skip
 
 
 def kv_cache_elements(kind: str, *, layers: int, n_heads: int = 0, head_dim: int = 0, n_kv_heads: int = 0,

@@ -39,7 +39,7 @@ angles the model has (nearly) seen:
 * **llama3** -- Llama 3.1's rule (Meta 2024, "The Llama 3 Herd of Models", arXiv:2407.21783):
   wavelengths shorter than ``L / high_freq_factor`` are kept, longer than ``L / low_freq_factor``
   are divided by ``s``, with a smooth blend in between (a ramp in ``L / lambda``, the number of
-  turns in the original context).
+  turns in the original context).  Llama 4 Scout ships both factors equal to 1: a step at ``L``.
 
 * **longrope** -- LongRoPE (Ding, Zhang, Zhang, Xu, Shang, Xu, Yang & Yang 2024, "LongRoPE: Extending
   LLM Context Window Beyond 2 Million Tokens", arXiv:2402.13753; Phi-3, arXiv:2404.14219): one rescale
@@ -173,9 +173,9 @@ def check_scaling(scaling: dict | None) -> dict | None:
     if rope_type == "llama3":
         lo = _number(rope_type, "low_freq_factor", out["low_freq_factor"])
         hi = _number(rope_type, "high_freq_factor", out["high_freq_factor"])
-        if lo >= hi:
-            raise ValueError(f"scaling for rope_type 'llama3' needs low_freq_factor < high_freq_factor, "
-                             f"got {lo} and {hi}")  # fmt: skip
+        if lo > hi:
+            raise ValueError(f"scaling for rope_type 'llama3' needs low_freq_factor < high_freq_factor, or both "
+                             f"equal (a step with no blend, as Llama 4 Scout ships); got {lo} and {hi}")  # fmt: skip
     return out
 
 
@@ -288,6 +288,8 @@ def scaled_rope_frequencies(
     L = scaling["original_max_position_embeddings"]
     lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
     wavelen = 2 * math.pi / inv_freq
+    if lo == hi:  # Llama 4 Scout: no blend band, a step at wavelength L / lo
+        return torch.where(wavelen > L / lo, inv_freq / s, inv_freq), 1.0
     smooth = (L / wavelen - lo) / (hi - lo)  # 0 at wavelength L/lo, 1 at L/hi
     blended = (1 - smooth) * inv_freq / s + smooth * inv_freq
     out = torch.where(wavelen > L / lo, inv_freq / s, inv_freq)
