@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from posenc_lib import PE_TYPES, SURVEY_TYPES, build_model, set_seed
+from posenc_lib.schemes import registry
 from posenc_lib.utils import available_cores
 from posenc_lib.schemes.shaw import ShawRelative
 from posenc_lib.utils import check_divides, check_float_range, check_int_range
@@ -26,9 +27,16 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 #: contrast scheme: Shaw et al. with the (L, L, d) tables materialised (not in PE_TYPES)
 NAIVE_SHAW = "shaw_naive"
 ALL_SCHEMES: tuple[str, ...] = PE_TYPES + (NAIVE_SHAW,)
-#: every name ``--schemes`` accepts: the published suite's (the default) and lesson 11's newer schemes, measured in
-#: a run of their own (benchmarks/results/survey)
-VALID_SCHEMES: tuple[str, ...] = ALL_SCHEMES + SURVEY_TYPES
+
+
+def valid_schemes() -> tuple[str, ...]:
+    """Every name ``--schemes`` accepts, read from the registry when called: the published suite's (the default)
+    and the newer schemes (lesson 11's, measured in a run of their own: benchmarks/results/survey)."""
+    return registry.PE_TYPES + (NAIVE_SHAW,) + registry.SURVEY_TYPES
+
+
+#: the names ``--schemes`` accepts when the package is imported (a scheme registered later joins valid_schemes())
+VALID_SCHEMES: tuple[str, ...] = valid_schemes()
 
 
 @dataclass
@@ -104,13 +112,13 @@ class BenchConfig:
 
 
 def check_schemes(names) -> tuple[str, ...]:
-    """Validate scheme names against :data:`VALID_SCHEMES`; ``none`` is always measured (the reference)."""
-    names = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
+    """Validate scheme names against :func:`valid_schemes`; ``none`` is always measured (the reference)."""
+    names, valid = tuple(dict.fromkeys(n.strip() for n in names if n.strip())), valid_schemes()
     if not names:  # an empty list is a slip (say, an unset shell variable), not a request to measure none alone
-        raise ValueError(f"no scheme named; valid choices: {', '.join(VALID_SCHEMES)}")
-    bad = [n for n in names if n not in VALID_SCHEMES]
+        raise ValueError(f"no scheme named; valid choices: {', '.join(valid)}")
+    bad = [n for n in names if n not in valid]
     if bad:
-        raise ValueError(f"unknown scheme(s) {bad}; valid choices: {', '.join(VALID_SCHEMES)}")
+        raise ValueError(f"unknown scheme(s) {bad}; valid choices: {', '.join(valid)}")
     if "none" not in names:
         names = ("none",) + names
     return names

@@ -24,7 +24,8 @@ from posenc_lib.utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_j
                               refuse_overwrite, removed_if_left_empty)
 
 from .common import (
-    ALL_SCHEMES, DTYPES, VALID_SCHEMES, BenchConfig, attention_settings, available_cores, check_schemes, log, machine_info,
+    ALL_SCHEMES, DTYPES, BenchConfig, attention_settings, available_cores, check_schemes, log, machine_info,
+    valid_schemes,
 )
 from .decode import bench_decode
 from .memory import bench_memory, bench_memory_batches
@@ -131,7 +132,8 @@ def parser() -> argparse.ArgumentParser:
     p = CliParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model and lengths (seconds; for tests)")
     p.add_argument("--only", type=_parts, default=PARTS, help="comma-separated subset of: train,memory,decode")
-    p.add_argument("--schemes", default=",".join(ALL_SCHEMES), help=f"comma-separated subset of {','.join(VALID_SCHEMES)} "
+    p.add_argument("--schemes", default=",".join(ALL_SCHEMES),
+                   help=f"comma-separated subset of {','.join(valid_schemes())} "
                    f"(default: {','.join(ALL_SCHEMES)})")
     p.add_argument("--lengths", type=_ints, help="training lengths, e.g. 64,256,1024")
     p.add_argument("--memory-length", type=int, help="length of the memory benchmark")

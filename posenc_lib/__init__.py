@@ -18,9 +18,8 @@ from .schemes.deberta import DebertaDisentangled, deberta_log_bucket, disentangl
 from .models.seq2seq import Seq2SeqTransformer, build_model
 from .schemes.rotary import RotaryScheme, apply_rope, apply_rope_complex, rope_cos_sin, rotate_half
 from .schemes.rope_scaling import ROPE_TYPES, scaled_rope_frequencies
-from .schemes.registry import (
-    ALL_TYPES, PAPERS, PE_ALIASES, PE_TYPES, SURVEY_TYPES, canonical_pe, make_scheme, scheme_options,
-)
+from .schemes import registry as _registry
+from .schemes.registry import canonical_pe, make_scheme, scheme_options
 from .schemes.cope import CoPE
 from .schemes.fire import FIRE
 from .schemes.kerple import Kerple
@@ -42,3 +41,10 @@ __all__ = [
     "RotaryScheme", "scaled_rope_frequencies", "ROPE_TYPES", "T5Bias", "XLNetRelative", "DebertaDisentangled", "ALiBi",
     "SURVEY_TYPES", "ALL_TYPES", "XPos", "FIRE", "CoPE", "Kerple",
 ]  # fmt: skip
+
+
+def __getattr__(attr: str):
+    """``PE_TYPES``, ``SURVEY_TYPES``, ``ALL_TYPES``, ``PAPERS``, ``PE_ALIASES``: read from the registry when read."""
+    if attr in ("ALL_TYPES", "PAPERS", "PE_ALIASES", "PE_TYPES", "SURVEY_TYPES"):
+        return getattr(_registry, attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -28,7 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from posenc_lib import ALL_TYPES, build_model, greedy_decode
+from posenc_lib import ALL_TYPES, build_model, greedy_decode, scheme_options
 
 #: a fixed, fast draw for ``make test``; ``BAD_INPUT_EXAMPLES=500`` searches wider (and randomly)
 _N = int(os.environ.get("BAD_INPUT_EXAMPLES", "0"))
@@ -86,13 +86,8 @@ def test_build_model_arguments(pe, name, value):
             assert torch.isfinite(model.loss(src, tgt, tgt))
 
 
-SCHEME_OPTIONS = {
-    "sinusoidal": ("base",), "learned": ("max_len", "init_std"), "shaw": ("max_relative_position",),
-    "rope": ("base", "interleaved", "rotary_dim"), "t5": ("num_buckets", "max_distance"), "xlnet": ("base",),
-    "deberta": ("position_buckets", "max_relative_positions"), "alibi": ("bidirectional",),
-    "xpos": ("scale_base", "gamma", "base", "interleaved", "rotary_dim"),
-    "fire": ("mlp_width", "init_c", "init_L", "shared_layers"), "cope": ("max_pos",), "kerple": ("kernel",),
-}  # fmt: skip
+#: every option of every registered scheme (its constructor's keyword arguments)
+SCHEME_OPTIONS = {pe: tuple(scheme_options(pe)) for pe in ALL_TYPES if scheme_options(pe)}
 
 
 @FAST

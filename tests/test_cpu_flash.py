@@ -8,6 +8,7 @@ from posenc_lib import build_model, make_scheme, set_seed
 from posenc_lib.attention import cpu_flash
 from posenc_lib.attention import layer as attention
 from posenc_lib.attention.layer import MultiHeadAttention
+from posenc_lib.schemes.registry import registered_schemes
 
 
 SIDED_BLOCK_ROWS = attention.SIDED_BLOCK_ROWS
@@ -291,7 +292,8 @@ def test_the_naive_shaw_contrast_keeps_the_explicit_path():
 
 
 # -- the fused path below the blocking threshold (attention.FUSED_MIN_ELEMENTS) ------------------------------
-SCORE_AND_BIAS = ["t5", "shaw", "xlnet", "deberta", "alibi", "fire", "kerple", "cope"]
+#: every registered scheme with a score bias or score terms
+SCORE_AND_BIAS = [pe for pe, info in registered_schemes().items() if info.cls.adds_bias or info.cls.adds_scores]
 
 
 def _spy_paths(monkeypatch):

@@ -37,6 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from posenc_lib import ALL_TYPES, build_model, greedy_decode, set_seed  # noqa: E402
 from posenc_lib.models.beam import beam_search  # noqa: E402
 from posenc_lib.models.decoding import SYNC_EVERY  # noqa: E402
+from posenc_lib.schemes.registry import registered_schemes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = os.environ.get("POSENC_TEST_DEVICE", "cuda")
@@ -47,7 +48,9 @@ gpu_only = pytest.mark.skipif(not ON_CUDA, reason="checks a CUDA-only behaviour"
 # head_dim 16: every SDPA kernel (flash included) accepts it
 SMALL = dict(d_model=64, n_heads=4, num_layers=2, dim_feedforward=128, dropout=0.0)
 V = 50
-FLASH_SCHEMES = ("none", "sinusoidal", "learned", "rope", "xpos")
+#: the registered schemes without score or value terms or a bias (the flash kernel takes no mask)
+FLASH_SCHEMES = tuple(pe for pe, info in registered_schemes().items()
+                      if not (info.cls.adds_bias or info.cls.adds_scores or info.cls.adds_values))
 
 
 @pytest.fixture(autouse=True)

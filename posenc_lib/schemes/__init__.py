@@ -25,12 +25,30 @@ module                scheme                                                    
 ``mla.py``            multi-head latent attention with decoupled RoPE; KV-cache sizes            15
 ``mrope.py``          multimodal RoPE (Qwen2-VL chunked, Qwen3-VL interleaved)                   15
 ``shipped.py``        the RoPE settings released models ship (Gemma 3, DeepSeek-V3, Llama 4)     15
-``registry.py``       ``PE_TYPES``, ``SURVEY_TYPES``, ``make_scheme``: every scheme by name      all
+``registry.py``       ``register_scheme``, ``make_scheme``, ``PE_TYPES``: every scheme by name   all
 ====================  =========================================================================  ==========
 
-Each scheme is a :class:`~posenc_lib.attention.layer.PositionScheme` that overrides only the hooks it needs.
+Each scheme is a :class:`~posenc_lib.attention.layer.PositionScheme` that overrides only the hooks it needs,
+and registers itself with :func:`~posenc_lib.schemes.registry.register_scheme` (README.md here: how to add one).
 """
-from .registry import ALL_TYPES, PAPERS, PE_ALIASES, PE_TYPES, SURVEY_TYPES, canonical_pe, make_scheme, scheme_options
+# importing a scheme's module registers it: this order is the order of PE_TYPES, then of SURVEY_TYPES
+from . import registry  # noqa: F401  (registers "none", the base class, first)
+from . import sinusoidal, absolute, shaw, rotary, t5, xlnet, deberta, alibi  # noqa: F401
+from . import xpos, fire, cope, kerple  # noqa: F401
+from .registry import (
+    canonical_pe, make_scheme, register_scheme, registered_schemes, scheme_info, scheme_names, scheme_options,
+    temporary_scheme, unregister_scheme,
+)
 
-__all__ = ["ALL_TYPES", "PAPERS", "PE_ALIASES", "PE_TYPES", "SURVEY_TYPES", "canonical_pe", "make_scheme",
-           "scheme_options"]
+#: the lists derived from the registry, read from it when asked for (see registry.py)
+_DERIVED = ("ALL_TYPES", "PAPERS", "PE_ALIASES", "PE_TYPES", "SURVEY_TYPES")
+
+
+def __getattr__(attr: str):
+    if attr in _DERIVED:
+        return getattr(registry, attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+__all__ = [*_DERIVED, "canonical_pe", "make_scheme", "register_scheme", "registered_schemes", "scheme_info",
+           "scheme_names", "scheme_options", "temporary_scheme", "unregister_scheme"]

@@ -126,8 +126,11 @@ def hierarchical_positions(table: torch.Tensor, alpha: float = 0.4) -> torch.Ten
 
 
 from ..attention.layer import PositionScheme, on_host  # noqa: E402
+from .registry import register_scheme  # noqa: E402
 
 
+@register_scheme(kind="absolute", group="classic", year=2017, arxiv="1705.03122", aliases=("learnedpe",),
+                 paper="Gehring et al. 2017, Convolutional Sequence to Sequence Learning")
 class LearnedScheme(PositionScheme):
     """Adds a learned absolute table (``max_len`` rows) to the token embeddings."""
 

@@ -34,6 +34,7 @@ import math
 import torch
 
 from ..attention.layer import PositionScheme, check_positions, on_host
+from .registry import register_scheme
 from ..utils import (
     check_bool, check_choice, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
 )
@@ -111,6 +112,8 @@ def _alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, 
     return bias[None]
 
 
+@register_scheme(kind="bias", group="classic", year=2022, arxiv="2108.12409",
+                 paper="Press et al. 2022, Train Short, Test Long (ALiBi)")
 class ALiBi(PositionScheme):
     name = "alibi"
     where = "scores (bias)"

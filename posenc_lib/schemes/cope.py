@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme
+from .registry import register_scheme
 from ..utils import check_positive_int
 
 
@@ -138,6 +139,8 @@ class _CopeTerm(torch.autograd.Function):
         return dq, dk, dtable, None, None, None, None
 
 
+@register_scheme(kind="contextual", group="survey", year=2024, arxiv="2405.18719",
+                 paper="Golovneva et al. 2024, Contextual Position Encoding: Learning to Count What's Important (CoPE)")
 class CoPE(PositionScheme):
     """Per layer a table of ``max_pos`` position embeddings (``2 * max_pos`` in a bidirectional stack)."""
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, check_positions
+from .registry import register_scheme
 from ..attention.step import distance_table
 from ..utils import check_position_tensor, check_positive_int
 
@@ -146,6 +147,8 @@ def _clipped_ends(index: torch.Tensor) -> tuple[int, int]:
     return left, max(left, right)
 
 
+@register_scheme(kind="relative", group="classic", year=2021, arxiv="2006.03654",
+                 paper="He et al. 2021, DeBERTa: Decoding-enhanced BERT with Disentangled Attention")
 class DebertaDisentangled(PositionScheme):
     """A shared, layer-normed table of ``2 * position_buckets`` relative embeddings per stack."""
 

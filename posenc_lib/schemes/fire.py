@@ -51,6 +51,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..attention.layer import PositionScheme, check_positions, on_host
+from .registry import register_scheme
 from ..utils import check_float_range, check_positive_int, table_bias
 
 #: added to the normaliser ``psi(max(L, i))`` (the paper's reference code)
@@ -135,6 +136,9 @@ def interpolating_mlp(values: torch.Tensor, c: float, threshold: float, width: i
     return mlp
 
 
+@register_scheme(kind="bias", group="survey", year=2024, arxiv="2310.04418",
+                 paper="Li et al. 2024, Functional Interpolation for Relative Positions Improves Long Context "
+                       "Transformers (FIRE)")
 class FIRE(PositionScheme):
     """One FIRE (MLP, ``c``, threshold multiplier) per layer, or one for the stack (``shared_layers``)."""
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, on_host
+from .registry import register_scheme
 from ..utils import check_choice, relative_positions, table_bias
 
 KERNELS = ("log", "power")
@@ -53,6 +54,8 @@ def kerple_kernel(distance: torch.Tensor, r1: torch.Tensor, r2: torch.Tensor, ke
     return -r1 * d.pow(r2)
 
 
+@register_scheme(kind="bias", group="survey", year=2022, arxiv="2205.09921",
+                 paper="Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation")
 class Kerple(PositionScheme):
     """Per layer and head ``r1``, ``r2`` of the chosen ``kernel`` ("log", the paper's best, or "power")."""
 

@@ -1,14 +1,25 @@
-"""The registry of position schemes: canonical names, the seed report's aliases, options.
+"""The registry of position schemes: each scheme registers itself, and every list of names derives from it.
 
-``PE_TYPES`` lists the nine classic schemes in the order the course teaches them (lessons 02-10).
-``SURVEY_TYPES`` lists the schemes research since 2022 keeps returning to, taught in lesson 11:
-xPos, FIRE, CoPE and Kerple.  ``ALL_TYPES = PE_TYPES + SURVEY_TYPES`` is every name the registry
-knows: ``make_scheme``, ``canonical_pe`` (and so ``build_model`` and ``CausalLM``) accept all of them.
+A scheme's module registers its class with :func:`register_scheme`, a decorator that records the
+class's ``name``, its kind, its paper (citation, arXiv id, year), its aliases and its group.
+Its options are its constructor's keyword arguments (:func:`scheme_options`).  Registration order is
+the order every list below keeps; ``posenc_lib.schemes`` imports the shipped modules in course order.
 
-Why two tuples: committed outputs loop over ``PE_TYPES`` (lesson 11's side-by-side table, lesson 12's
+Derived, read from the registry on every access (so a scheme registered later appears in them too):
+
+* ``PE_TYPES``: the nine classic schemes (group ``"classic"``), in the order the course teaches them
+  (lessons 02-10);
+* ``SURVEY_TYPES``: the schemes research since 2022 keeps returning to (group ``"survey"``), taught in
+  lesson 11: xPos, FIRE, CoPE and Kerple;
+* ``ALL_TYPES = PE_TYPES + SURVEY_TYPES``: every name the registry knows; ``make_scheme``,
+  ``canonical_pe`` (and so ``build_model`` and ``CausalLM``) accept all of them;
+* ``PAPERS``: name -> (citation, arXiv id); ``PE_ALIASES``: alias -> name (the seed report's names
+  nonepe, sinpe, rpe, rope and a few common spellings); ``SCHEMES``: name -> class.
+
+Why two groups: committed outputs loop over ``PE_TYPES`` (lesson 11's side-by-side table, lesson 12's
 cost tables, ``--pe all`` of the experiments, tests that assert its exact contents), so adding names
-to it would silently change results that were measured for the nine.  A loop that should include the
-newer schemes says so by using ``ALL_TYPES``.  ``PAPERS`` covers every name of ``ALL_TYPES``.
+to it would silently change results that were measured for the nine.  A new scheme joins ``"survey"``
+(the default); a loop that should include it says so by using ``ALL_TYPES``.
 
 Two of the newer schemes are causal in their papers (xPos and CoPE).  Each defines a bidirectional
 form of its own, stated in its module and not the paper's, so that the seq2seq model's encoder can
@@ -19,75 +30,144 @@ for one stack, and rejects unknown names or options with the valid choices.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import re
+from dataclasses import dataclass
+from typing import Iterator
 
-from .absolute import LearnedScheme
-from .alibi import ALiBi
 from ..attention.layer import PositionScheme
-from .cope import CoPE
-from .deberta import DebertaDisentangled
-from .fire import FIRE
-from .kerple import Kerple
-from .rotary import RotaryScheme
-from .shaw import ShawRelative
-from .sinusoidal import SinusoidalScheme
-from .t5 import T5Bias
-from .xlnet import XLNetRelative
-from .xpos import XPos
 
-#: the classic schemes, in course order (what committed tables and ``--pe all`` loop over)
-PE_TYPES: tuple[str, ...] = ("none", "sinusoidal", "learned", "shaw", "rope", "t5", "xlnet", "deberta", "alibi")
-#: the newer schemes of lesson 11, registered beside the classics but not in ``PE_TYPES``
-SURVEY_TYPES: tuple[str, ...] = ("xpos", "fire", "cope", "kerple")
-#: every canonical name the registry accepts
-ALL_TYPES: tuple[str, ...] = PE_TYPES + SURVEY_TYPES
+#: where a scheme's position enters, in the words of the course
+KINDS: tuple[str, ...] = ("none", "absolute", "relative", "bias", "rotary", "contextual")
+#: the groups, and the list of names each one makes
+GROUPS: dict[str, str] = {"classic": "PE_TYPES", "survey": "SURVEY_TYPES"}
+#: a name or alias: what ``--pe`` lists split on commas and ``canonical_pe`` lower-cases
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
-#: the seed report's names (nonepe, sinpe, rpe, rope) and a few common spellings
-PE_ALIASES: dict[str, str] = {
-    "nonepe": "none",
-    "nope": "none",
-    "sinpe": "sinusoidal",
-    "sin": "sinusoidal",
-    "rpe": "shaw",
-    "relative": "shaw",
-    "rotary": "rope",
-    "learnedpe": "learned",
-}
 
-SCHEMES: dict[str, type[PositionScheme]] = {
-    "none": PositionScheme,
-    "sinusoidal": SinusoidalScheme,
-    "learned": LearnedScheme,
-    "shaw": ShawRelative,
-    "rope": RotaryScheme,
-    "t5": T5Bias,
-    "xlnet": XLNetRelative,
-    "deberta": DebertaDisentangled,
-    "alibi": ALiBi,
-    "xpos": XPos,
-    "fire": FIRE,
-    "cope": CoPE,
-    "kerple": Kerple,
-}
+@dataclass(frozen=True)
+class SchemeInfo:
+    """One registered scheme: what every list of names and the papers table read."""
 
-#: the papers, for tables and docstrings: name -> (citation, arXiv id)
-PAPERS: dict[str, tuple[str, str]] = {
-    "none": ("no positional information (Haviv et al. 2022; Kazemnejad et al. 2023)", "2305.19466"),
-    "sinusoidal": ("Vaswani et al. 2017, Attention Is All You Need", "1706.03762"),
-    "learned": ("Gehring et al. 2017, Convolutional Sequence to Sequence Learning", "1705.03122"),
-    "shaw": ("Shaw et al. 2018, Self-Attention with Relative Position Representations", "1803.02155"),
-    "rope": ("Su et al. 2021, RoFormer: Rotary Position Embedding", "2104.09864"),
-    "t5": ("Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5)", "1910.10683"),
-    "xlnet": ("Dai et al. 2019, Transformer-XL; Yang et al. 2019, XLNet", "1901.02860"),
-    "deberta": ("He et al. 2021, DeBERTa: Decoding-enhanced BERT with Disentangled Attention", "2006.03654"),
-    "alibi": ("Press et al. 2022, Train Short, Test Long (ALiBi)", "2108.12409"),
-    "xpos": ("Sun et al. 2023, A Length-Extrapolatable Transformer (xPos)", "2212.10554"),
-    "fire": ("Li et al. 2024, Functional Interpolation for Relative Positions Improves Long Context Transformers (FIRE)",
-             "2310.04418"),
-    "cope": ("Golovneva et al. 2024, Contextual Position Encoding: Learning to Count What's Important (CoPE)",
-             "2405.18719"),
-    "kerple": ("Chi et al. 2022, KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation", "2205.09921"),
-}
+    name: str
+    cls: type[PositionScheme]
+    kind: str
+    group: str
+    paper: str
+    arxiv: str
+    year: int
+    aliases: tuple[str, ...] = ()
+
+
+_REGISTRY: dict[str, SchemeInfo] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def _where(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _choice(what: str, value, valid) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(valid)}")
+
+
+def register_scheme(*, kind: str, paper: str, arxiv: str, year: int, group: str = "survey",
+                    aliases: tuple[str, ...] = ()):
+    """Class decorator: register a :class:`PositionScheme` subclass under its ``name`` class attribute.
+
+    ``kind``: one of :data:`KINDS`; ``group``: ``"classic"`` (joins ``PE_TYPES``) or ``"survey"``
+    (joins ``SURVEY_TYPES``); ``paper``, ``arxiv``, ``year``: the citation for ``PAPERS``; ``aliases``:
+    other spellings ``canonical_pe`` maps to the name.  A name or alias already taken is refused.
+    """
+    _choice("kind", kind, KINDS)
+    _choice("group", group, tuple(GROUPS))
+    if isinstance(aliases, str):
+        raise TypeError(f"aliases must be a tuple of names, got the string {aliases!r}")
+    for what, text in (("paper", paper), ("arxiv", arxiv)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{what} must be a non-empty string, got {text!r}")
+    if isinstance(year, bool) or not isinstance(year, int) or not 1900 <= year <= 2100:
+        raise ValueError(f"year must be an integer year such as 2022, got {year!r}")
+
+    def register(cls):
+        if not (isinstance(cls, type) and issubclass(cls, PositionScheme)):
+            raise TypeError(f"register_scheme decorates a PositionScheme subclass, got {cls!r}")
+        name = cls.__dict__.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(f"{cls.__qualname__} needs its own class attribute name, lower-case letters, digits "
+                             f"and _ (it is what --pe and build_model take), got {name!r}")
+        if len(set(aliases)) != len(aliases) or name in aliases:
+            raise ValueError(f"aliases of {name!r} repeat a name: {aliases!r}")
+        bad = [a for a in aliases if not isinstance(a, str) or not _NAME.fullmatch(a)]
+        if bad:
+            raise ValueError(f"aliases of {name!r} must be lower-case letters, digits and _, got {bad}")
+        # its own module imported again (importlib.reload): the new class takes the old one's place
+        old = _REGISTRY.get(name)
+        own = {name, *old.aliases} if old and _where(old.cls) == _where(cls) else set()
+        for key in (name, *aliases):
+            if key not in own and (key in _REGISTRY or key in _ALIASES):
+                taken = _REGISTRY[key] if key in _REGISTRY else _REGISTRY[_ALIASES[key]]
+                raise ValueError(f"positional encoding name {key!r} is already registered, by "
+                                 f"{_where(taken.cls)}; choose another name")
+        for alias in own - {name}:
+            del _ALIASES[alias]
+        _REGISTRY[name] = SchemeInfo(name, cls, kind, group, paper, arxiv, year, tuple(aliases))
+        _ALIASES.update(dict.fromkeys(aliases, name))
+        return cls
+
+    return register
+
+
+def unregister_scheme(name: str) -> SchemeInfo:
+    """Remove a registered scheme and its aliases (for tests and notebooks); returns what was registered."""
+    info = _REGISTRY.pop(canonical_pe(name))
+    for alias in info.aliases:
+        del _ALIASES[alias]
+    return info
+
+
+@contextlib.contextmanager
+def temporary_scheme(cls: type[PositionScheme], **registration) -> Iterator[type[PositionScheme]]:
+    """Register ``cls`` (``registration``: the arguments of :func:`register_scheme`) for a ``with`` block only."""
+    register_scheme(**registration)(cls)
+    try:
+        yield cls
+    finally:
+        unregister_scheme(cls.name)
+
+
+def registered_schemes() -> dict[str, SchemeInfo]:
+    """Every registered scheme, name -> :class:`SchemeInfo`, in registration order (a copy)."""
+    return dict(_REGISTRY)
+
+
+def scheme_names(group: str | None = None) -> tuple[str, ...]:
+    """The names of one group (``"classic"``, ``"survey"``), or of all groups in turn (``ALL_TYPES``)."""
+    if group is not None:
+        _choice("group", group, tuple(GROUPS))
+    return tuple(n for g in ((group,) if group else GROUPS) for n, info in _REGISTRY.items() if info.group == g)
+
+
+def __getattr__(attr: str):
+    """The derived lists, computed from the registry when read (module attributes that stay current)."""
+    if attr in ("PE_TYPES", "SURVEY_TYPES"):
+        return scheme_names({v: k for k, v in GROUPS.items()}[attr])
+    if attr == "ALL_TYPES":
+        return scheme_names()
+    if attr == "PAPERS":
+        return {n: (_REGISTRY[n].paper, _REGISTRY[n].arxiv) for n in scheme_names()}
+    if attr == "PE_ALIASES":
+        return dict(_ALIASES)
+    if attr == "SCHEMES":
+        return {n: _REGISTRY[n].cls for n in scheme_names()}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+#: the base class is the ``none`` scheme (attention sees no position at all)
+register_scheme(kind="none", group="classic", year=2022, arxiv="2305.19466", aliases=("nonepe", "nope"),
+                paper="no positional information (Haviv et al. 2022; Kazemnejad et al. 2023)")(PositionScheme)
 
 
 def canonical_pe(pe: str) -> str:
@@ -95,18 +175,23 @@ def canonical_pe(pe: str) -> str:
     if not isinstance(pe, str):
         raise TypeError(f"pe must be a string naming a scheme, got {type(pe).__name__}")
     key = pe.strip().lower()
-    key = PE_ALIASES.get(key, key)
-    if key not in SCHEMES:
+    key = _ALIASES.get(key, key)
+    if key not in _REGISTRY:
         raise ValueError(
-            f"unknown positional encoding {pe!r}; valid choices: {', '.join(ALL_TYPES)} "
-            f"(aliases: {', '.join(f'{a}={c}' for a, c in PE_ALIASES.items())})"
+            f"unknown positional encoding {pe!r}; valid choices: {', '.join(scheme_names())} "
+            f"(aliases: {', '.join(f'{a}={c}' for a, c in _ALIASES.items())})"
         )
     return key
 
 
+def scheme_info(pe: str) -> SchemeInfo:
+    """What the registry holds for the scheme ``pe`` (a name or an alias)."""
+    return _REGISTRY[canonical_pe(pe)]
+
+
 def scheme_options(pe: str) -> dict[str, object]:
     """The options a scheme accepts, with their defaults."""
-    cls = SCHEMES[canonical_pe(pe)]
+    cls = scheme_info(pe).cls
     params = inspect.signature(cls.__init__).parameters
     skip = {"self", "d_model", "n_heads", "num_layers", "causal"}
     return {n: p.default for n, p in params.items() if n not in skip}
@@ -122,4 +207,4 @@ def make_scheme(pe: str, d_model: int, n_heads: int, num_layers: int, causal: bo
             f"unknown option(s) {unknown} for positional encoding {name!r}; "
             f"valid options: {sorted(valid) if valid else 'none'}"
         )
-    return SCHEMES[name](d_model, n_heads, num_layers, causal, **options)
+    return _REGISTRY[name].cls(d_model, n_heads, num_layers, causal, **options)

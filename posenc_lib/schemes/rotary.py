@@ -215,8 +215,11 @@ class RotaryCache(nn.Module):
 
 
 from ..attention.layer import PositionScheme, check_positions  # noqa: E402
+from .registry import register_scheme  # noqa: E402
 
 
+@register_scheme(kind="rotary", group="classic", year=2021, arxiv="2104.09864", aliases=("rotary",),
+                 paper="Su et al. 2021, RoFormer: Rotary Position Embedding")
 class RotaryScheme(PositionScheme):
     """Rotates queries and keys of every self-attention layer; keys are cached already rotated.
 

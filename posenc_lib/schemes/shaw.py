@@ -45,6 +45,7 @@ from torch import nn
 from ..attention import cpu_flash
 from ..attention.cpu_flash import sum_per_row as _sum_per_row
 from ..attention.layer import PositionScheme, _block_keys, check_positions, on_host
+from .registry import register_scheme
 from ..utils import check_positive_int, relative_positions
 
 
@@ -204,6 +205,8 @@ def shaw_values_naive(probs, v, table_v, index):
     return probs @ v + torch.einsum("bhij,ijd->bhid", probs, a_v)
 
 
+@register_scheme(kind="relative", group="classic", year=2018, arxiv="1803.02155", aliases=("rpe", "relative"),
+                 paper="Shaw et al. 2018, Self-Attention with Relative Position Representations")
 class ShawRelative(PositionScheme):
     """Per-layer ``w^K`` and ``w^V`` tables of shape ``(2k+1, head_dim)``, shared across heads."""
 

@@ -111,8 +111,11 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 from ..attention.layer import PositionScheme  # noqa: E402  (kept beside the scheme it serves)
+from .registry import register_scheme  # noqa: E402
 
 
+@register_scheme(kind="absolute", group="classic", year=2017, arxiv="1706.03762", aliases=("sinpe", "sin"),
+                 paper="Vaswani et al. 2017, Attention Is All You Need")
 class SinusoidalScheme(PositionScheme):
     """Adds the sinusoidal table to the token embeddings (input level)."""
 

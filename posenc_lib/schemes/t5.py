@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, check_positions, on_host
+from .registry import register_scheme
 from ..attention.step import distance_table
 from ..utils import (
     check_bool, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
@@ -83,6 +84,8 @@ def t5_distance_index(relative_position: torch.Tensor, max_distance: int) -> tor
     return relative_position.long().abs().clamp(max=max_distance - 1)
 
 
+@register_scheme(kind="bias", group="classic", year=2020, arxiv="1910.10683",
+                 paper="Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5)")
 class T5Bias(PositionScheme):
     """One learned scalar per (bucket, head), shared by the layers of a stack."""
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme, check_positions, on_host
+from .registry import register_scheme
 from ..attention.step import distance_table
 from ..utils import check_even, check_float_range, check_position_tensor, fill_closed_
 
@@ -175,6 +176,8 @@ def block_mask(q, n: int, parts, scale: float, allowed=None, work: dict | None =
     return _BlockMask.apply(q, r, v, n, scale, allowed, work)
 
 
+@register_scheme(kind="relative", group="classic", year=2019, arxiv="1901.02860",
+                 paper="Dai et al. 2019, Transformer-XL; Yang et al. 2019, XLNet")
 class XLNetRelative(PositionScheme):
     """Per-layer ``W_R`` (d_model -> heads*head_dim) and global biases ``u``, ``v`` (heads, head_dim)."""
 

@@ -42,6 +42,7 @@ import math
 import torch
 
 from ..attention.layer import PositionScheme, check_positions, on_host
+from .registry import register_scheme
 from ..utils import check_even, check_float_range, check_positive_int
 from .rotary import RotaryCache, _apply_rope_cos_sin
 
@@ -66,6 +67,8 @@ def xpos_scales(positions: torch.Tensor, zeta: torch.Tensor, scale_base: float, 
     return scale.repeat_interleave(2, dim=-1) if interleaved else torch.cat((scale, scale), dim=-1)
 
 
+@register_scheme(kind="rotary", group="survey", year=2023, arxiv="2212.10554",
+                 paper="Sun et al. 2023, A Length-Extrapolatable Transformer (xPos)")
 class XPos(PositionScheme):
     """RoPE plus xPos's per-pair decay in causal stacks; plain rotation (no decay) in bidirectional ones.
 
