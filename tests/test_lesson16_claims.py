@@ -1,0 +1,199 @@
+"""Lesson 16's statements, checked against what they describe: section 1's formulas against a Monte Carlo
+sample, and sections 2-4 against the committed run in results/inside (read with the library functions the lesson
+uses). Each test names the section whose sentences it keeps true; when a result changes, the failing assert says
+which sentence to rewrite."""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from posenc_lib.experiments import inside as ins
+from posenc_lib.experiments import inside_tools as tools
+from posenc_lib.schemes.rope_spectrum import full_turn_pairs, similarity_margin
+from posenc_lib.utils import read_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "results" / "inside"
+CAUSAL = ("rope", "alibi", "nope")
+
+
+def test_section1_bound_and_expectation():
+    """'The formulas': Monte Carlo scores match 2 rho sum cos(r theta) within 4.5 standard errors; unrelated
+    vectors score 0 on average at every distance with a spread of sqrt(d); the correlated curve is twice lesson
+    15's B(m); the bound holds; both the bound and the correlated score fall below 0.4 by distance 128, and wobble."""
+    d, base, n = 128, 10000.0, 2000
+    dist = np.arange(0, 1025)
+    bound = tools.relative_upper_bound(dist, d, base)
+    rng = np.random.default_rng(1)  # the lesson's draws
+    qs, noise = rng.normal(size=(n, d)), rng.normal(size=(n, d))
+    mc, expected = {}, {}
+    for rho in (0.0, 0.5, 1.0):
+        mc[rho] = tools.rope_score(qs, rho * qs + math.sqrt(1 - rho**2) * noise, dist)
+        expected[rho] = tools.expected_rope_score(dist, d, base, rho)
+        se = mc[rho].std(0) / math.sqrt(n)
+        assert (np.abs(mc[rho].mean(0) - expected[rho]) < 4.5 * se + 1e-9).all(), rho
+    sd = mc[0.0].std(0)
+    assert (expected[0.0] == 0).all() and (np.abs(sd / math.sqrt(d) - 1) < 0.1).all()
+    assert np.allclose(expected[1.0], 2 * similarity_margin(torch.tensor(dist), d, base).numpy(), atol=0.01)
+    assert (np.abs(mc[0.0][:200]) <= tools.abel_bound(qs[:200], noise[:200], dist) + 1e-9).all()
+    assert expected[1.0][128] < 0.4 * expected[1.0][0] and bound[128] < 0.4 * bound[0]
+    assert (np.diff(expected[1.0]) > 0).any() and (np.diff(bound) > 0).any()
+
+
+@pytest.fixture(scope="module")
+def records():
+    recs = ins.load_results(RUN)
+    assert recs[0]["profile"] == "course"
+    return recs
+
+
+def _collect(records, model, path):
+    return ins.collect(records, model, path)[0]
+
+
+def test_the_trained_models_and_their_cost(records):
+    """'What it costs' and 'The results': the timed models are the lesson's four, about 17 CPU minutes, and the
+    rope and nope timings agree with lesson 15's within 10%; 12 result files of three seeds, 75-100 s of training
+    each, 19 minutes of one core in all."""
+    timing = read_json(RUN / "timing.json")
+    rows = timing["per_model"]
+    cpu_min = timing["cpu_seconds_3_seeds"] / 60
+    assert list(rows) == list(ins.MODELS) and timing["steps"] == ins.COURSE.steps and cpu_min <= 30
+    l15 = read_json(ROOT / "results" / "rope_variants" / "timing.json")["per_model"]
+    assert all(0.9 < rows[m]["cpu_per_update"] / l15[m]["cpu_per_update"] < 1.1 for m in ("rope", "nope"))
+    assert round(cpu_min) == 17
+    train_s = np.array([r["train_seconds"] for r in records])
+    total_min = sum(r["train_seconds"] + r["measure_seconds"] for r in records) / 60
+    assert len(records) == 12 and sorted({r["seed"] for r in records}) == [0, 1, 2]
+    assert 75 <= train_s.min() and train_s.max() <= 100 and round(total_min) == 19
+    assert {r["model"] for r in records} == set(ins.MODELS) and all(r["config"]["name"] == "course" for r in records)
+
+
+def test_section2_probe(records):
+    """'What the course run shows' (section 2): causal NoPE peaks at layer 2 with 0.11-0.12 in every seed, seven
+    times chance, R^2 0.92, mean error 4, fading by the last layer; bidirectional NoPE and the embeddings within
+    5 standard errors of chance; ALiBi 0.07-0.09 at layer 2, R^2 0.71; RoPE at most 0.034-0.036, R^2 <= 0.02,
+    mean error 16; RoPE < ALiBi < NoPE in every seed."""
+    cfg = ins.COURSE
+    chance = 1 / cfg.train_len
+    noise = 5 * math.sqrt(chance * (1 - chance) / (cfg.probe_windows * cfg.train_len))
+    acc = {name: _collect(records, name, "probe.accuracy") for name in ins.MODELS}
+    r2 = {name: _collect(records, name, "probe.r2").mean(0) for name in acc}
+    best_acc = {name: a.max(axis=1) for name, a in acc.items()}
+    assert acc["nope"].mean(0).max() > chance + noise
+    assert (acc["nope-bidir"] <= chance + noise).all() and (acc["nope"][:, 0] <= chance + noise).all()
+    nope = acc["nope"]
+    assert (nope.argmax(axis=1) == 2).all() and (0.10 <= nope[:, 2]).all() and (nope[:, 2] <= 0.125).all()
+    assert round(float(nope[:, 2].mean()) / chance) == 7 and round(float(r2["nope"][2]), 2) == 0.92
+    assert round(float(_collect(records, "nope", "probe.mae").mean(0)[2])) == 4
+    assert (nope[:, -1] <= 0.06).all()
+    assert (0.065 <= acc["alibi"][:, 2]).all() and (acc["alibi"][:, 2] < 0.095).all()
+    assert (0.065 <= best_acc["alibi"]).all() and (best_acc["alibi"] <= 0.09).all() and round(float(r2["alibi"][2]), 2) == 0.71
+    assert (chance + noise < best_acc["rope"]).all() and (best_acc["rope"] <= 0.037).all()
+    assert round(float(r2["rope"].max()), 2) <= 0.02
+    assert round(float(_collect(records, "rope", "probe.mae").mean(0).min())) == 16
+    assert best_acc["rope"].max() < best_acc["alibi"].min() and best_acc["alibi"].max() < best_acc["nope"].min()
+
+
+def test_section3_pair_norms(records):
+    """'Not as in Gemma 7B': 5 of 16 pairs turn fully in 64 tokens; the four fastest pairs about twice the four
+    slowest in every seed (2.9 and 3.2 against 1.3 and 1.6); the largest pair 5 (per seed 0, 5, 0 and 5, 5, 6);
+    pairs 0-6 at 2.4-3.3 and 2.9-3.9, pairs 8 on at 1.3-1.4 and 1.5-1.8, pair 7 between; how far each turns."""
+    head_dim, L, b = 32, 64, ins.COURSE.band_pairs
+    theta = tools.rope_thetas(head_dim)
+    assert full_turn_pairs(head_dim, 10000.0, L) == int(((L - 1) * theta / (2 * math.pi) >= 1).sum()) == 5
+    qn, kn = _collect(records, "rope", "pair_norms.q"), _collect(records, "rope", "pair_norms.k")
+    per_seed_q, per_seed_k = qn.mean(axis=(1, 2)), kn.mean(axis=(1, 2))
+    ratio_q = per_seed_q[:, :b].mean(1) / per_seed_q[:, -b:].mean(1)
+    ratio_k = per_seed_k[:, :b].mean(1) / per_seed_k[:, -b:].mean(1)
+    pq, pk = qn.mean(axis=(0, 1, 2)), kn.mean(axis=(0, 1, 2))
+    assert b == 4 and (ratio_q > 1.8).all() and (ratio_k > 1.8).all()
+    assert pq[-b:].mean() < pq[:b].mean() and pk[-b:].mean() < pk[:b].mean()
+    assert round(float(pq[:b].mean()), 1) == 2.9 and round(float(pk[:b].mean()), 1) == 3.2
+    assert round(float(pq[-b:].mean()), 1) == 1.3 and round(float(pk[-b:].mean()), 1) == 1.6
+    assert pq.argmax() == pk.argmax() == 5
+    assert per_seed_q.argmax(1).tolist() == [0, 5, 0] and per_seed_k.argmax(1).tolist() == [5, 5, 6]
+    span = [round(float(f(p)), 1) for p in (pq[:7], pk[:7], pq[8:], pk[8:]) for f in (np.min, np.max)]
+    assert span == [2.4, 3.3, 2.9, 3.9, 1.3, 1.4, 1.5, 1.8]
+    assert pq[8:].max() < pq[7] < pq[:7].min() and pk[8:].max() < pk[7] < pk[:7].min()
+    turned = (L - 1) * theta
+    assert (turned[:7] >= 1.99).all() and (turned[8:] < 0.7).all() and 0.5 < turned[5] / (2 * math.pi) < 0.6
+
+
+def test_section3_ablations(records):
+    """'What the course run shows' (section 3): freezing the slowest four is free (0.003 nats at most), dropping
+    them costs 0.05-0.06; freezing the fastest four costs 2.0-2.2, dropping them 1.4-1.6, freezing more than
+    dropping; at four times the length 2.0-2.3 nats against 1.32; the slowest pairs turn 0.26 rad over 256."""
+    per_seed = {name: _collect(records, "rope", f"nll.{name}") for name in ("none", *ins.BANDS)}
+    change = {name: per_seed[name] - per_seed["none"] for name in ins.BANDS}
+    assert (np.abs(change["freeze-low"]) <= 0.003).all()
+    assert (0.045 <= change["drop-low"][:, 0]).all() and (change["drop-low"][:, 0] <= 0.065).all()
+    assert (1.95 <= change["freeze-high"][:, 0]).all() and (change["freeze-high"][:, 0] <= 2.25).all()
+    assert (1.35 <= change["drop-high"][:, 0]).all() and (change["drop-high"][:, 0] <= 1.6).all()
+    assert (change["freeze-high"][:, 0] > change["drop-high"][:, 0]).all()
+    assert (2.0 <= per_seed["none"][:, 1]).all() and (per_seed["none"][:, 1] <= 2.3).all()
+    assert round(float(per_seed["none"][:, 0].mean()), 2) == 1.32 and round(256 * float(tools.rope_thetas(32)[12]), 2) == 0.26
+
+
+def test_section3_score_by_distance(records):
+    """'Section 1 said ...': the trained RoPE model's mean score is 5 to 7 at distances 0-3 and below zero over
+    the far half of the window, in every layer."""
+    sbd = _collect(records, "rope", "score_by_distance")
+    near, far = sbd[:, :, :4].mean(axis=(0, 2)), sbd[:, :, sbd.shape[2] // 2:].mean(axis=(0, 2))
+    assert (near >= 5).all() and (near <= 7).all() and (far < 0).all()
+
+
+def test_section4_sinks(records):
+    """'No sink at this scale': no head at 5x uniform; causal NoPE's head 1 of layer 2 at 3.0-3.7 in each seed;
+    RoPE at most 0.37; the growth of that head over training; RoPE and ALiBi never build a preference; the
+    weight goes to the place (5.2 and 3.6 against 1.8 for the moved character)."""
+    def ratio(name):  # (seeds, layers, heads)
+        return _collect(records, name, "sinks.mass") / _collect(records, name, "sinks.uniform")[:, None, None]
+
+    mean_ratio = {n: _collect(records, n, "sinks.mass").mean(0) / _collect(records, n, "sinks.uniform").mean() for n in CAUSAL}
+    assert all(int((r >= 5).sum()) == 0 for r in mean_ratio.values())
+    nope = ratio("nope")
+    assert (nope.max(axis=(1, 2)) >= 2.95).all() and (nope.max(axis=(1, 2)) <= 3.75).all()
+    assert (nope.argmax(axis=2)[:, 1] == 0).all() and (nope[:, 1, 0] == nope.max(axis=(1, 2))).all()
+    assert round(float(ratio("rope").max()), 2) <= 0.37
+    growth = {name: _collect(records, name, "sinks_over_training.mass").max(axis=3)
+              / _collect(records, name, "sinks.uniform")[:, None, None] for name in CAUSAL}
+    assert records[0]["config"]["sink_updates"] == [0, 100, 250, 500, 1000, 1500]
+    g = growth["nope"][:, :, 1]
+    assert (np.abs(g[:, :3] - 1) <= 0.15).all() and (g[:, 4] >= 2.4).all() and (g[:, 4] < 3.05).all()
+    assert (g[:, 5] >= 2.95).all() and (g[:, 5] < 3.75).all() and (np.diff(g[:, 2:]) > 0).all()
+    assert (growth["rope"][:, -1].max(axis=1) <= 0.4).all() and (np.abs(growth["rope"][:, 0] - 1) <= 0.1).all()
+    assert growth["alibi"].max() <= 1.5
+    assert (growth["rope"][:, -1].max(axis=1) >= 0.3).all()
+    u2 = _collect(records, "nope", "first_token.uniform")[:, None, None]
+    s = {k: (_collect(records, "nope", f"first_token.{k}") / u2).max(axis=2).mean(0)
+         for k in ("first", "replaced", "new_first", "moved")}
+    assert round(float(s["replaced"][1]), 1) == 5.2 and round(float(s["first"][1]), 1) == 3.6
+    assert round(float(s["moved"][1]), 1) == 1.8 and abs(s["new_first"][1] - s["replaced"][1]) < 0.1
+
+
+def test_section4_rolling_cache(records):
+    """'What the course run shows' (section 4): before the cache fills all four readings agree; RoPE's cache,
+    cache with first tokens and recomputed window within 0.002 at 1.28, dense 1.4-1.8 worse; ALiBi's first tokens
+    change at most 0.07 (under 0.01 in two seeds), the recomputed window 0.02-0.15 better; causal NoPE's first
+    tokens help 0.15-0.46 and the cache stays more than 1.1 behind; 0.2M parameters, 3M characters."""
+    modes = ("dense", "window", "sinks", "recompute")
+    for name in CAUSAL:
+        first = [_collect(records, name, f"stream.by_bin.{m}")[:, 0] for m in modes]
+        assert all(np.allclose(f, first[0], atol=1e-4) for f in first), name
+    cfg = ins.COURSE
+    assert all(round(rec["num_parameters"] / 1e6, 1) == 0.2 for rec in records)
+    assert round(cfg.steps * cfg.batch_size * cfg.train_len / 1e6) == 3
+    past = {name: {m: _collect(records, name, f"stream.past_window.{m}") for m in modes} for name in CAUSAL}
+    r = past["rope"]
+    spread = np.stack([r[m] for m in ("window", "sinks", "recompute")])
+    assert (spread.max(0) - spread.min(0) <= 0.002).all() and round(float(r["recompute"].mean()), 2) == 1.28
+    assert (1.35 <= r["dense"] - r["recompute"]).all() and (r["dense"] - r["recompute"] <= 1.8).all()
+    a = past["alibi"]
+    assert (np.abs(a["window"] - a["sinks"]) <= 0.075).all() and int((np.abs(a["window"] - a["sinks"]) < 0.01).sum()) == 2
+    assert (0.02 <= a["sinks"] - a["recompute"]).all() and (a["sinks"] - a["recompute"] <= 0.155).all()
+    n = past["nope"]
+    assert (0.145 <= n["window"] - n["sinks"]).all() and (n["window"] - n["sinks"] <= 0.46).all()
+    assert (n["sinks"] - n["recompute"] > 1.1).all()
