@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc_lib import build_model, make_scheme, set_seed
-from posenc_lib.attention import cpu_flash
+from posenc_lib.attention import backends, cpu_flash
 from posenc_lib.attention import layer as attention
 from posenc_lib.attention.layer import MultiHeadAttention
 
@@ -285,9 +285,9 @@ def test_the_naive_shaw_contrast_keeps_the_explicit_path():
     from posenc_lib.schemes.shaw import ShawRelative
 
     q = torch.zeros(1, 4, 2, 8)
-    assert attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)
-    assert not attention._cpu_flash_wanted(ShawNaive(32, 4, 1), q, 0.0)
-    assert not attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.1)  # dropout: explicit
+    assert backends.cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)
+    assert not backends.cpu_flash_wanted(ShawNaive(32, 4, 1), q, 0.0)
+    assert not backends.cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.1)  # dropout: explicit
 
 
 # -- the fused path below the blocking threshold (attention.FUSED_MIN_ELEMENTS) ------------------------------
@@ -512,7 +512,6 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     assert 32 * 4 * 64 * 64 < attention.FUSED_MIN_ELEMENTS
     model.loss(src, src[:, :-1], src[:, 1:]).backward()
     assert calls == []
-    mha = MultiHeadAttention(32, 4)
     scheme = model.enc_pos
     b, n = 2, 1
     while b * 4 * n * n < attention.FUSED_MIN_ELEMENTS:
@@ -524,12 +523,12 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     rows = SIDED_BLOCK_ROWS if pe in ("shaw", "deberta") else attention.FUSED_BLOCK_ROWS
     assert SIDED_BLOCK_ROWS != attention.FUSED_BLOCK_ROWS
     expected = [(s, min(s + rows, n)) for s in range(0, n, rows)]
-    assert rows < n and mha._query_blocks(q, n, path, scheme, ctx, bias) == expected  # fused, in blocks
+    assert rows < n and backends.query_blocks(scheme, q, n, path, bias) == expected  # fused, in blocks
     with torch.no_grad():
-        assert mha._query_blocks(q, n, path, scheme, ctx, bias) is None  # inference: the explicit path as before
-    assert mha._query_blocks(q, n, path, scheme, ctx, bias, 0.1) is None  # dropout: explicit
+        assert backends.query_blocks(scheme, q, n, path, bias) is None  # inference: the explicit path as before
+    assert backends.query_blocks(scheme, q, n, path, bias, 0.1) is None  # dropout: explicit
     below = (attention.FUSED_MIN_ELEMENTS - 1) // (b * 4 * n)  # query rows of a call just below the crossover
-    assert mha._query_blocks(q[:, :, :below], n, path, scheme, ctx, bias) is None
+    assert backends.query_blocks(scheme, q[:, :, :below], n, path, bias) is None
 
 
 def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch):
@@ -540,7 +539,7 @@ def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch)
     scheme = ShawNaive(32, 4, 1)
     ctx = scheme.prepare(torch.arange(6), torch.arange(6))
     path = attention.choose_attention_path(scheme, q_len=6, k_len=6, causal=False, padded=False)
-    assert MultiHeadAttention(32, 4)._query_blocks(q, 6, path, scheme, ctx, None) is None
+    assert backends.query_blocks(scheme, q, 6, path, None) is None
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -640,7 +639,7 @@ def test_t5s_encoder_at_batch_1_lays_out_its_bias_per_block_with_the_explicit_lo
 
 def test_t5_offset_values_lay_out_the_same_bias():
     """The per-block layout of T5's offset values equals the whole bias, rows and keys of every block."""
-    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.kernels.offsets import offset_block
     from posenc_lib.schemes import t5 as t5_module
 
     set_seed(0)
@@ -655,7 +654,7 @@ def test_t5_offset_values_lay_out_the_same_bias():
     torch.testing.assert_close(whole[0], scheme.relative_attention_bias.weight[buckets].permute(2, 0, 1), rtol=0, atol=0)
     assert t5_module.TOEPLITZ_MIN_ELEMENTS <= 4 * 1024 * 1029
     for start, end, n in [(0, 128, 133), (128, 256, 1029), (1000, 1024, 1029), (7, 9, 3)]:
-        block = _offset_block(1024, start, end, n, None, None, None, values)
+        block = offset_block(1024, start, end, n, None, None, None, values)
         torch.testing.assert_close(block, whole[:, :, start:end, :n], rtol=0, atol=0)
 
 
@@ -680,7 +679,7 @@ def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads, 
     """ALiBi's one value per offset, laid out whole or one block of rows at a time, is alibi_bias exactly
     (the same float32 products), for windows that start anywhere; "split" and scattered positions keep the
     whole bias."""
-    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.kernels.offsets import offset_block
     from posenc_lib.schemes import alibi as alibi_module
 
     scheme = make_scheme("alibi", 48, n_heads, 1, causal=causal, bidirectional=bidirectional)
@@ -696,7 +695,7 @@ def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads, 
         assert scheme.bias(ctx, 1) is whole  # once per stack
         q_len, k_len = q_pos.numel(), k_pos.numel()
         for start, end, n in [(0, 128, 133), (128, 256, k_len), (q_len - 24, q_len, k_len), (7, 9, 3)]:
-            block = _offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(ctx))
+            block = offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(ctx))
             assert torch.equal(block, whole[:, :, start:end, :n])
     pos = torch.arange(1024)
     assert "bias" in make_scheme("alibi", 48, n_heads, 1, causal=False, bidirectional="split").prepare(pos, pos)
@@ -745,13 +744,13 @@ def test_flash_whole_offsets_sums_the_mask_gradient_per_diagonal(batch, padded, 
 def test_offset_rows_gradient_sums_each_diagonal(batch_mask):
     """_OffsetRows' written-out backward pass (each diagonal summed through a strided buffer) equals autograd's
     through a gather of the same entries, masked entries getting no gradient."""
-    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.kernels.offsets import offset_block
 
     g = torch.Generator().manual_seed(0)
     q_len, k_len, start, end, n = 9, 11, 3, 7, 8
     values = torch.randn(4, q_len + k_len - 1, generator=g, requires_grad=True)
     allowed = torch.rand(2 if batch_mask else 1, 1, end - start, n, generator=g) > 0.3
-    out = _offset_block(q_len, start, end, n, allowed, None, None, values)
+    out = offset_block(q_len, start, end, n, allowed, None, None, values)
     i, j = torch.arange(start, end)[:, None], torch.arange(n)[None]
     ref = values[:, j - i + q_len - 1][None].masked_fill(~allowed, float("-inf"))
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
@@ -768,13 +767,12 @@ def test_the_benchmark_shape_at_batch_32_runs_blocks_of_full_rows(pe, rows, monk
     from posenc_lib.attention.layer import choose_attention_path
 
     monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", SIDED_BLOCK_ROWS)  # the module's own choice
-    attn = MultiHeadAttention(256, 8)
     scheme = make_scheme(pe, 256, 8, 1, causal=True)
     q = torch.empty(32, 8, 1024, 32)
     path = choose_attention_path(scheme, q_len=1024, k_len=1024, causal=True, padded=False)
     assert attention.BLOCK_ELEMENTS // (32 * 8 * 1024) == 64
     with torch.enable_grad():
-        blocks = attn._query_blocks(q, 1024, path, scheme, None, None)
+        blocks = backends.query_blocks(scheme, q, 1024, path, None)
     assert {e - s for s, e in blocks} == {rows}
 
 
@@ -805,6 +803,14 @@ def test_t5_and_shaw_batch_rows_in_chunks_give_the_loss_and_gradients_of_the_exp
             assert names == {"shaw_attention"}
 
 
+def _offset_selection(scheme, ctx, q, path):
+    """``(values, blocks, chunk)`` of the ``cpu_offsets`` backend for a self-attention call of queries ``q``."""
+    call = backends.AttentionCall(q, q, q, None, scheme, ctx, 0, None, path, 1.0, 0.0, False)
+    chosen = backends.offset_selection(call, backends.TUNING)
+    assert chosen.backend == "cpu_offsets"
+    return chosen.values, chosen.blocks, chosen.chunk
+
+
 def test_t5s_causal_blocks_at_batch_32_l_2048_hold_full_rows_in_chunks(monkeypatch):
     """At batch 32, L = 2048 (the benchmark model: 8 heads of 32) BLOCK_ELEMENTS alone allows T5's causal blocks 32
     rows; its batch rows run in chunks of 4 (BATCH_CHUNK_ELEMENTS), each with blocks of FUSED_BLOCK_ROWS (128)."""
@@ -816,8 +822,8 @@ def test_t5s_causal_blocks_at_batch_32_l_2048_hold_full_rows_in_chunks(monkeypat
     path = choose_attention_path(scheme, q_len=2048, k_len=2048, causal=True, padded=False)
     assert attention.BLOCK_ELEMENTS // (32 * 8 * 2048) == 32
     with torch.enable_grad():
-        values, blocks, chunk = attention._offset_bias_blocks(scheme, ctx, q, 2048, path, 0.0)
+        values, blocks, chunk = _offset_selection(scheme, ctx, q, path)
         assert chunk == 4 and {e - s for s, e in blocks} == {attention.FUSED_BLOCK_ROWS} == {128}
         monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", None)
-        values, blocks, chunk = attention._offset_bias_blocks(scheme, ctx, q, 2048, path, 0.0)
+        values, blocks, chunk = _offset_selection(scheme, ctx, q, path)
         assert chunk == 32 and {e - s for s, e in blocks} == {32}

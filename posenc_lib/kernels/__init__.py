@@ -1,9 +1,12 @@
 """The fast paths of particular position schemes, kept beside the attention backends they serve so that each scheme's
-own module reads as its paper.
+own module reads as its paper.  Each module registers what it provides with the attention package, which never
+imports this one (``posenc_lib`` imports it once, after the schemes):
 
+* ``offsets.py``: a bias of one value per offset (T5, ALiBi) laid out block by block in the fused CPU kernel
+  (the backend ``cpu_offsets``);
+* ``parts.py``: score terms built per query block from parts (DeBERTa, Transformer-XL, CoPE) in the fused CPU
+  kernel (``cpu_shared_parts``, ``cpu_parts``);
 * ``flex_forms.py``: FlexAttention ``score_mod`` forms (and Shaw's value term) of Shaw, DeBERTa and Transformer-XL,
-  registered by scheme class with :func:`posenc_lib.attention.flex.register`.
-
-A module here may import schemes; :mod:`posenc_lib.attention` never imports this package's scheme forms itself
-(``posenc_lib`` imports them once, after the schemes).
+  registered by scheme class (:func:`posenc_lib.attention.flex.register`).
 """
+from . import flex_forms, offsets, parts  # noqa: F401 (each registers its backends or forms)

@@ -43,8 +43,9 @@ import torch
 from torch import nn
 
 from ..attention import cpu_flash
-from ..attention.cpu_flash import sum_per_row as _sum_per_row
-from ..attention.layer import PositionScheme, _block_keys, check_positions, on_host
+from ..attention.cpu_flash import sum_per_row
+from ..attention.blocks import block_keys
+from ..attention.layer import PositionScheme, check_positions, on_host
 from ..utils import check_positive_int, relative_positions
 
 
@@ -147,14 +148,14 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _sum_per_row(grad, ctx.plan), None
+        return sum_per_row(grad, ctx.plan), None
 
 
 class _SumPerRow(torch.autograd.Function):
     @staticmethod
     def forward(ctx, p, plan):
         ctx.plan = plan
-        return _sum_per_row(p, plan)
+        return sum_per_row(p, plan)
 
     @staticmethod
     def backward(ctx, grad):
@@ -261,7 +262,7 @@ class ShawRelative(PositionScheme):
         """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.attention.cpu_flash`)."""
         parts = []
         for start, end in blocks:
-            rows, k_end = _block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query
+            rows, k_end = block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query
             plan = self._block_plan(ctx, start, end, k_end)
             parts.append((start, end, plan, rows, shaw_split(plan, rows)))
         return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], scale, parts)
