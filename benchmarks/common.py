@@ -177,7 +177,6 @@ class ShawNaive(ShawRelative):
     """
 
     name = NAIVE_SHAW
-    fused_cpu_attention = None  # the textbook tables everywhere: no fused CPU path (posenc_lib/attention/backends.py)
     clipped_sides = False
 
     def scores(self, q, k, ctx, layer, attn):

@@ -160,7 +160,8 @@ def test_shaw_outer_keys_in_the_kernel_without_a_mask_equal_the_naive_reference(
     kernel without a mask, joined to the strip between through the log-sum-exps: output and every gradient equal
     the paper's (L, L, d) form, with a causal mask and with padded keys (a side holding a padded key stays in
     the strip)."""
-    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_sides, shaw_split, shaw_values_naive
+    from posenc_lib.kernels.shaw import shaw_sides, shaw_split
+    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_values_naive
 
     g = torch.Generator().manual_seed(3)
     b, h, length, d, k_max, rows = 2, 3, 24, 5, 3, 6
@@ -209,7 +210,7 @@ def test_shaw_model_with_outer_keys_gives_the_explicit_loss_and_gradients(padded
         src_pad = torch.zeros(3, 13, dtype=torch.bool)
         src_pad[0, 10:] = True
         pads = dict(src_key_padding_mask=src_pad)
-    from posenc_lib.schemes import shaw as shaw_module
+    from posenc_lib.kernels import shaw as shaw_module
 
     split, real = [], shaw_module.shaw_split
 

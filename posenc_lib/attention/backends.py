@@ -19,7 +19,7 @@ backend             what runs
 ``cpu_mask``        the fused CPU kernel with the bias and masks as one float mask whose gradient it computes
                     (:mod:`posenc_lib.attention.cpu_flash`), over query blocks
 ``cpu_mask_blocks`` the same, one kernel call per block (score terms written out per block, a padded batch's mask)
-``cpu_values``      a scheme's own fused CPU kernel for score and value terms (Shaw's ``fused_cpu_attention``)
+``cpu_values``      a scheme's own fused CPU kernel for its score and value terms (:func:`register_value_kernel`)
 ``cpu_shared_parts`` score terms built per block from parts made once per layer (:mod:`posenc_lib.kernels.parts`)
 ``cpu_parts``       score terms built per block from parts made per block (CoPE)
 ``cpu_offsets``     a bias of one value per offset laid out block by block (:mod:`posenc_lib.kernels.offsets`)
@@ -43,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import cpu_flash
 from .blocks import block_keys, in_batch_chunks, mask_rows
+from .by_class import for_class
 from ..utils import check_bool, check_positive_int
 
 
@@ -172,13 +173,27 @@ def shares_parts(pos, bias) -> bool:
     return bias is None and has("score_parts") and has("block_parts")
 
 
+#: a scheme's own fused CPU kernel for its score and value terms, by scheme class (:func:`register_value_kernel`):
+#: ``kernel(pos, q, k, v, ctx, layer, scale, allowed, blocks) -> out``
+VALUE_KERNELS: dict[type, Callable] = {}
+
+
+def register_value_kernel(scheme_class: type, kernel: Callable) -> None:
+    """Give ``scheme_class`` (and its subclasses that keep its terms) a fused CPU kernel for its score and value terms,
+    run by the ``cpu_values`` backend (Shaw's: :mod:`posenc_lib.kernels.shaw`)."""
+    if not isinstance(scheme_class, type) or not callable(kernel):
+        raise TypeError(f"register_value_kernel(scheme_class: type, kernel: callable), got "
+                        f"{type(scheme_class).__name__}, {type(kernel).__name__}")  # fmt: skip
+    VALUE_KERNELS[scheme_class] = kernel
+
+
 def cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float, tuning: AttentionTuning | None = None) -> bool:
     """The fused CPU path for a blocked call: a score or bias scheme on a float32 CPU tensor without dropout; one with
-    a value term only when it brings its own ``fused_cpu_attention`` (Shaw) and no bias."""
+    a value term only when it has its own kernel (:data:`VALUE_KERNELS`: Shaw's) and no bias."""
     t = TUNING if tuning is None else tuning
     if not (t.cpu_flash and pos is not None and (pos.adds_scores or pos.adds_bias) and cpu_flash.supported(q, p_drop)):
         return False
-    return not pos.adds_values or (getattr(pos, "fused_cpu_attention", None) is not None and not pos.adds_bias)
+    return not pos.adds_values or (for_class(VALUE_KERNELS, pos) is not None and not pos.adds_bias)
 
 
 def fused_pays(pos, q: torch.Tensor, k_len: int, p_drop: float, t: AttentionTuning) -> bool:
@@ -399,8 +414,10 @@ def _run_cpu_mask_blocks(c: AttentionCall, s: Selection):
 
 
 def _run_cpu_values(c: AttentionCall, s: Selection):
+    kernel = for_class(VALUE_KERNELS, c.pos)
+
     def own(q, k, v, allowed):
-        return c.pos.fused_cpu_attention(q, k, v, c.ctx, c.layer, c.scale, allowed, s.blocks)
+        return kernel(c.pos, q, k, v, c.ctx, c.layer, c.scale, allowed, s.blocks)
 
     return in_batch_chunks(own, s.chunk, c.q, c.k, c.v, c.allowed), None
 

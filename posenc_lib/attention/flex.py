@@ -34,6 +34,8 @@ import warnings
 
 import torch
 
+from .by_class import for_class
+
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - older torch
@@ -107,7 +109,7 @@ VALUE_TERMS: dict[type, object] = {}
 
 
 def register(scheme_class: type, *, score_mod=None, value_term=None) -> None:
-    """Give ``scheme_class`` (and its subclasses) its FlexAttention form: a ``score_mod`` for its score terms and,
+    """Give ``scheme_class`` (and its subclasses that keep its terms) its FlexAttention form: a ``score_mod`` for its score terms and,
     for a scheme with a value term, the ``value_term`` that rebuilds it from the kernel's row log-sum-exp."""
     if not isinstance(scheme_class, type):
         raise TypeError(f"scheme_class must be a class, got {type(scheme_class).__name__}")
@@ -117,15 +119,10 @@ def register(scheme_class: type, *, score_mod=None, value_term=None) -> None:
         VALUE_TERMS[scheme_class] = value_term
 
 
-def _registered(table: dict, pos):
-    """The entry of ``table`` for ``pos``'s class or its nearest base class, or ``None``."""
-    return next((table[c] for c in type(pos).__mro__ if c in table), None)
-
-
 def scheme_score_mod(pos, q, k, ctx, layer, attn, scale):
     """``(b, h, i, j) -> extra`` (already scaled) for ``pos``'s score terms and bias, or ``None``: the form registered
     for its class, else its bias (a bias-only scheme) or its written-out score terms (a score-only scheme)."""
-    own = _registered(SCORE_MODS, pos)
+    own = for_class(SCORE_MODS, pos)
     if own is not None:
         return own(pos, q, k, ctx, layer, attn, scale)
     b_, h_, lq, _ = q.shape
@@ -162,7 +159,7 @@ def flex_attend(pos, q, k, v, ctx, layer, attn, scale, allowed):
 
     if not pos.adds_values:
         return call(q, k, v, score_mod, block, scale, False)
-    value_term = _registered(VALUE_TERMS, pos)
+    value_term = for_class(VALUE_TERMS, pos)
     if value_term is None:
         raise ValueError(f"no FlexAttention value term for scheme {type(pos).__name__}; register one with "
                          "flex.register(scheme_class, value_term=...)")
