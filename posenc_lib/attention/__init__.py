@@ -7,8 +7,8 @@
 * ``cpu_flash.py``: PyTorch's fused CPU kernel with the gradient of an additive score term (T5's bias,
   Shaw's, XLNet's and DeBERTa's score terms), over blocks of query rows.
 * ``flex.py``: FlexAttention with the generic ``score_mod`` forms and a registry of schemes' own forms.
-* ``blocks.py``, ``inputs.py``, ``step.py``: rows of masks and batch chunks, argument checks and masks,
-  cached decoding steps.
+* ``blocks.py``, ``by_class.py``, ``inputs.py``, ``step.py``: rows of masks and batch chunks, entries kept by
+  scheme class, argument checks and masks, cached decoding steps.
 
 Nothing here imports a scheme: schemes import this package, never the reverse; the fast paths of particular
 schemes live in :mod:`posenc_lib.kernels`.

@@ -6,25 +6,20 @@ reads.
 :data:`BACKENDS` and what it needs (query blocks, batch chunks, a bias's values per offset).  Every backend computes
 the same function as ``explicit``; which one runs is a question of speed and memory alone.
 
-==================  ============================================================================================
-backend             what runs
-==================  ============================================================================================
-``sdpa``            ``scaled_dot_product_attention``, the bias and masks as one float ``attn_mask`` (no score or
-                    value terms); a large call with a bias flushes denormal floats (``flush_min_elements``)
-``explicit``        the scores, the scheme's terms and the softmax written out (weights wanted, or score/value
-                    terms and nothing faster applies)
-``blocks``          ``sdpa`` or ``explicit`` over blocks of queries, each checkpointed when gradients flow
-                    (``block_elements``): memory holds one block of scores
-``flex``            FlexAttention (:mod:`posenc_lib.attention.flex`), only with ``POSENC_FLEX=1``
-``cpu_mask``        the fused CPU kernel with the bias and masks as one float mask whose gradient it computes
-                    (:mod:`posenc_lib.attention.cpu_flash`), over query blocks
-``cpu_mask_blocks`` the same, one kernel call per block (score terms written out per block, a padded batch's mask)
-``cpu_values``      a scheme's own fused CPU kernel for its score and value terms (:func:`register_value_kernel`)
-``cpu_shared_parts`` score terms built per block from parts made once per layer (:mod:`posenc_lib.kernels.parts`)
-``cpu_parts``       score terms built per block from parts made per block (CoPE)
-``cpu_offsets``     a bias of one value per offset laid out block by block (:mod:`posenc_lib.kernels.offsets`)
-``cpu_whole_offsets`` a learned bias per offset on the whole mask, its gradient summed per diagonal
-==================  ============================================================================================
+* ``sdpa``: ``scaled_dot_product_attention``, the bias and masks as one float ``attn_mask`` (no score or value
+  terms); a large call with a bias flushes denormal floats (``flush_min_elements``);
+* ``explicit``: the scores, the scheme's terms and the softmax written out (weights wanted, or score/value terms
+  and nothing faster applies);
+* ``blocks``: ``sdpa`` or ``explicit`` over blocks of queries, each checkpointed when gradients flow
+  (``block_elements``): memory holds one block of scores;
+* ``flex``: FlexAttention (:mod:`posenc_lib.attention.flex`), only with ``POSENC_FLEX=1``;
+* ``cpu_mask``: the fused CPU kernel with the bias and masks as one float mask whose gradient it computes
+  (:mod:`posenc_lib.attention.cpu_flash`), over query blocks; ``cpu_mask_blocks``: the same, one kernel call per
+  block (score terms written out per block, or a padded batch's mask);
+* ``cpu_whole_offsets``: a learned bias per offset on the whole mask, its gradient summed per diagonal;
+* ``cpu_values``: a scheme's own fused CPU kernel for its score and value terms (:func:`register_value_kernel`);
+* ``cpu_offsets``, ``cpu_shared_parts``, ``cpu_parts``: registered by :mod:`posenc_lib.kernels` (a bias of one value
+  per offset laid out block by block; score terms built per block from parts made once per layer, or per block).
 
 The ``cpu_*`` backends run only for float32 CPU tensors without dropout (:func:`cpu_flash.supported`), in training
 calls large enough to pay (:class:`AttentionTuning`) or too large to keep whole scores; decoding steps of one query
@@ -156,7 +151,7 @@ def select_backend(call: AttentionCall, tuning: AttentionTuning | None = None) -
         if limit is not None and t.block_elements is not None:
             limit = min(limit, t.block_elements)
         return Selection("cpu_shared_parts", blocks, chunk_elements=limit)
-    if bias is None and getattr(pos, "score_parts", None) is not None:
+    if bias is None and pos.score_parts is not None:
         return Selection("cpu_parts", blocks)
     shared = not pos.adds_scores and (call.allowed is None or call.allowed.shape[0] == 1)
     if shared and not call.path.causal_mask and (values := learned_offsets(pos, call.ctx, bias)) is not None:
@@ -169,8 +164,7 @@ def select_backend(call: AttentionCall, tuning: AttentionTuning | None = None) -
 def shares_parts(pos, bias) -> bool:
     """Score terms built per block from parts made once per layer (``score_parts`` and ``block_parts``: DeBERTa,
     XLNet), where the call has no bias: the ``cpu_shared_parts`` backend."""
-    has = lambda hook: getattr(pos, hook, None) is not None  # noqa: E731
-    return bias is None and has("score_parts") and has("block_parts")
+    return bias is None and pos.score_parts is not None and pos.block_parts is not None
 
 
 #: a scheme's own fused CPU kernel for its score and value terms, by scheme class (:func:`register_value_kernel`):
@@ -279,7 +273,7 @@ def offset_selection(call: AttentionCall, t: AttentionTuning) -> Selection | Non
     learned values (T5's encoder; from batch 2 it takes ``cpu_whole_offsets``).  Each block of ``fused_block_rows``
     queries lays out its own rows of the bias for the keys it can see."""
     pos, ctx, q, k_len, p_drop = call.pos, call.ctx, call.q, call.k.shape[2], call.p_drop
-    offset_bias = getattr(pos, "offset_bias", None)
+    offset_bias = None if pos is None else pos.offset_bias
     if offset_bias is None or ctx is None or not torch.is_grad_enabled():
         return None
     if flex_wanted(pos, False, p_drop, q.shape[2]) or not cpu_flash_wanted(pos, q, p_drop, t):
@@ -299,7 +293,7 @@ def offset_selection(call: AttentionCall, t: AttentionTuning) -> Selection | Non
 def learned_offsets(pos, ctx, bias) -> torch.Tensor | None:
     """The values per offset ``(heads, q_len + k_len - 1)`` the whole ``bias`` was laid out from, where the scheme's
     context has them and they need a gradient (T5 over a large window of consecutive positions); else ``None``."""
-    offset_bias = getattr(pos, "offset_bias", None)
+    offset_bias = pos.offset_bias
     if offset_bias is None or bias is None or not bias.requires_grad:
         return None
     values = offset_bias(ctx)

@@ -102,6 +102,18 @@ class PositionScheme(nn.Module):
     adds_values = False
     #: the number of positions the scheme can code (a learned table's rows), or None for any
     max_positions: int | None = None
+    #: The optional hooks below serve the fast paths alone (:mod:`posenc_lib.kernels`); ``None`` where a scheme has none.
+    #: ``score_parts(q, ctx, layer, attn)`` and ``scores_from_parts(q, k, parts, ctx, scale)``: the small tensors the
+    #: score terms are built from (DeBERTa's projected tables, XLNet's projected distances, CoPE's table), and the
+    #: terms built from them, so that a block's terms can be rebuilt in the backward pass instead of kept
+    score_parts = scores_from_parts = None
+    #: ``offset_bias(ctx)``: the bias as one value per offset ``(heads, q_len + k_len - 1)`` where the context has it
+    #: (T5, ALiBi over consecutive positions), else ``None``; ``offset_runs(ctx)``: ``(a, z)``, offsets ``0:a`` and
+    #: ``z:`` sharing one value each (T5's clipped buckets)
+    offset_bias = offset_runs = None
+    #: ``block_sides(ctx)`` and ``key_range(ctx, start, end)``, with ``side_terms``: the keys of a block beyond the
+    #: clipping distance of all its rows, and the context of keys ``start:end``
+    block_sides = key_range = None
     #: ``block_parts(parts, ctx, start, end, n)``, where a scheme defines it: query block ``start:end``'s share (against
     #: keys ``0:n``) of the parts ``score_parts`` made for the whole call (the same parts, or rows of them); the fused
     #: CPU path then makes the parts once per layer and runs all of a layer's blocks in one node

@@ -49,7 +49,7 @@ def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, al
         masks.append(rows)
 
     parts = pos.score_parts(q, ctx, layer, attn)
-    q_kernel = q if getattr(pos, "kernel_queries", None) is None else pos.kernel_queries(q, parts)  # XLNet's q + u
+    q_kernel = q if pos.kernel_queries is None else pos.kernel_queries(q, parts)  # XLNet's q + u
     split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
     b, h = q.shape[:2]
     rows = max(end - start for start, end, _ in spans)
@@ -107,7 +107,7 @@ def side_split(pos, ctx_b, rows, n: int):
     a mask (all allowed, each range at one relative index, ``edges``: what ``side_terms`` needs of each range), keys
     ``s0:s1`` with their terms laid out; ``(0, n, None)`` where nothing is split off."""
     least = cpu_flash.SIDE_MIN_KEYS
-    if getattr(pos, "side_terms", None) is None or least is None:
+    if pos.side_terms is None or least is None:
         return 0, n, None
     lo, hi, edges = pos.block_sides(ctx_b)
     s0 = lo if lo >= least and (rows is None or bool(rows[..., :lo].all())) else 0
@@ -120,7 +120,7 @@ def side_split(pos, ctx_b, rows, n: int):
 def mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts, work=None) -> torch.Tensor:
     """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not
     allowed (by the scheme's own ``mask_from_parts`` where it has one, its score-sized tensors in ``work``)."""
-    if getattr(pos, "mask_from_parts", None) is not None:
+    if pos.mask_from_parts is not None:
         return pos.mask_from_parts(q, k, parts, ctx, scale, allowed, work)
     mask = pos.scores_from_parts(q, k, parts, ctx, scale=scale).float()  # a fresh tensor: filled in place
     return mask if allowed is None else fill_closed_(mask, allowed, float("-inf"))
