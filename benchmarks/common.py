@@ -148,7 +148,8 @@ def attention_settings() -> dict:
     """The attention module's switches and thresholds at measuring time: they choose how each call is computed
     (fused or explicit, block sizes, the backward pass), so a result records the ones it was measured with."""
     from posenc_lib.attention import backends, cpu_flash
-    from posenc_lib.schemes import alibi, t5, xlnet
+    from posenc_lib.kernels import xlnet
+    from posenc_lib.schemes import alibi, t5
 
     tuning = backends.TUNING  # recorded under the names the results have always used
     return {

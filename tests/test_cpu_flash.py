@@ -451,7 +451,7 @@ def test_xlnets_block_mask_and_kernel_queries_give_its_score_terms_with_their_gr
     written out, buffers reused through ``work``) equal scores_from_parts times the scale, -inf where not allowed,
     and so do the gradients of q, k and the parts; with and without padding of the distances, no mask, a causal and
     a padding mask, reusing one ``work``."""
-    from posenc_lib.schemes import xlnet
+    from posenc_lib.kernels import xlnet
 
     monkeypatch.setattr(xlnet, "DISTANCE_PAD", pad)
     set_seed(0)
@@ -465,8 +465,8 @@ def test_xlnets_block_mask_and_kernel_queries_give_its_score_terms_with_their_gr
                    "pad": torch.rand(b, 1, 1, n) > 0.3}[kind]  # fmt: skip
         want = scheme.scores_from_parts(q, k, parts, {}, scale=0.7)
         want = want if allowed is None else want.masked_fill(~allowed, float("-inf"))
-        got = scheme.mask_from_parts(q, k, parts, {}, 0.7, allowed, work)
-        got = got + 0.7 * scheme.kernel_queries(q, parts) @ k.transpose(-1, -2) - 0.7 * q @ k.transpose(-1, -2)
+        got = xlnet.mask_from_parts(scheme, q, k, parts, {}, 0.7, allowed, work)
+        got = got + 0.7 * xlnet.kernel_queries(scheme, q, parts) @ k.transpose(-1, -2) - 0.7 * q @ k.transpose(-1, -2)
         torch.testing.assert_close(got, want)
         grad = torch.randn_like(want).masked_fill(torch.isinf(want), 0.0)
         for g, w in zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, leaves, grad)):
@@ -491,7 +491,7 @@ def test_the_buffers_of_a_pass_are_emptied_when_it_ends(monkeypatch):
     set_seed(0)
     model = build_model("xlnet", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
     src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
-    from posenc_lib.schemes import xlnet
+    from posenc_lib.kernels import xlnet
 
     filled, real_work = [], xlnet._work
     monkeypatch.setattr(xlnet, "_work", lambda work, *a: filled.append(work) or real_work(work, *a))

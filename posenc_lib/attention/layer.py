@@ -118,11 +118,6 @@ class PositionScheme(nn.Module):
     #: keys ``0:n``) of the parts ``score_parts`` made for the whole call (the same parts, or rows of them); the fused
     #: CPU path then makes the parts once per layer and runs all of a layer's blocks in one node
     block_parts = None
-    #: ``kernel_queries(q, parts)`` and ``mask_from_parts(q, k, parts, ctx, scale, allowed, work)``, where a scheme
-    #: defines them (XLNet): the fused kernel's queries (a term ``u . k_j`` folded in) and a block's mask of the other
-    #: terms, its score-sized tensors in the buffers ``work`` kept for a pass
-    #: (:func:`~posenc_lib.attention.cpu_flash.flash_blocks`; with ``block_parts``)
-    kernel_queries = mask_from_parts = None
     #: ``side_terms(q, parts, edge, scale) -> (row, u)``, where a scheme defines it (with ``block_sides`` and
     #: ``key_range``): for keys that all sit at one clipped relative index ``edge`` from a block's queries ``q``,
     #: their score terms times ``scale`` as ``row_i + scale * u . k_j``

@@ -6,8 +6,10 @@ imports this one (``posenc_lib`` imports it once, after the schemes):
   (the backend ``cpu_offsets``);
 * ``parts.py``: score terms built per query block from parts (DeBERTa, Transformer-XL, CoPE) in the fused CPU
   kernel (``cpu_shared_parts``, ``cpu_parts``);
+* ``xlnet.py``: Transformer-XL's block mask (terms (b)+(d) as a strided view) and the kernel's queries ``q + u``,
+  its own block mask for ``cpu_shared_parts``;
 * ``shaw.py``: Shaw's both terms in the fused CPU kernel (its kernel for the backend ``cpu_values``);
 * ``flex_forms.py``: FlexAttention ``score_mod`` forms (and Shaw's value term) of Shaw, DeBERTa and Transformer-XL,
   registered by scheme class (:func:`posenc_lib.attention.flex.register`).
 """
-from . import flex_forms, offsets, parts, shaw  # noqa: F401 (each registers its backends or forms)
+from . import flex_forms, offsets, parts, shaw, xlnet  # noqa: F401 (each registers its backends or forms)

@@ -17,7 +17,22 @@ import torch
 
 from ..attention import backends, cpu_flash
 from ..attention.blocks import block_keys, in_batch_chunks, mask_rows
+from ..attention.by_class import for_class
 from ..utils import fill_closed_
+
+
+#: a scheme's own block masks for the fused kernel, by scheme class (:func:`register_block_mask`):
+#: ``(mask(pos, q, k, parts, ctx, scale, allowed, work), queries(pos, q, parts) or None)``
+BLOCK_MASKS: dict[type, tuple] = {}
+
+
+def register_block_mask(scheme_class: type, mask, queries=None) -> None:
+    """Give ``scheme_class`` its own float mask of a query block (``mask``, its score-sized tensors in the buffers
+    ``work`` kept for a pass) and, where a term enters through the kernel's own product instead, the kernel's
+    ``queries`` (XLNet's ``q + u``: :mod:`posenc_lib.kernels.xlnet`)."""
+    if not isinstance(scheme_class, type) or not callable(mask) or not (queries is None or callable(queries)):
+        raise TypeError("register_block_mask(scheme_class: type, mask: callable, queries: callable or None)")
+    BLOCK_MASKS[scheme_class] = mask, queries
 
 
 def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, allowed, blocks,
@@ -49,7 +64,8 @@ def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, al
         masks.append(rows)
 
     parts = pos.score_parts(q, ctx, layer, attn)
-    q_kernel = q if pos.kernel_queries is None else pos.kernel_queries(q, parts)  # XLNet's q + u
+    own = for_class(BLOCK_MASKS, pos)
+    q_kernel = q if own is None or own[1] is None else own[1](pos, q, parts)  # XLNet's q + u
     split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
     b, h = q.shape[:2]
     rows = max(end - start for start, end, _ in spans)
@@ -57,7 +73,7 @@ def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, al
     chunk = b
     if chunk_elements is not None:
         chunk = max(1, min(b, chunk_elements // per_row))
-    work = {}  # score-sized buffers a scheme's mask_from_parts reuses across one pass's blocks
+    work = {}  # score-sized buffers a scheme's own block mask reuses across one pass's blocks
 
     def sides(i, q, k, *parts):
         (start, end, n), (s0, s1) = spans[i], ranges[i]
@@ -119,9 +135,11 @@ def side_split(pos, ctx_b, rows, n: int):
 
 def mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts, work=None) -> torch.Tensor:
     """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not
-    allowed (by the scheme's own ``mask_from_parts`` where it has one, its score-sized tensors in ``work``)."""
-    if pos.mask_from_parts is not None:
-        return pos.mask_from_parts(q, k, parts, ctx, scale, allowed, work)
+    allowed (by the scheme's own block mask where it has one, :data:`BLOCK_MASKS`, its score-sized tensors in
+    ``work``)."""
+    own = for_class(BLOCK_MASKS, pos)
+    if own is not None:
+        return own[0](pos, q, k, parts, ctx, scale, allowed, work)
     mask = pos.scores_from_parts(q, k, parts, ctx, scale=scale).float()  # a fresh tensor: filled in place
     return mask if allowed is None else fill_closed_(mask, allowed, float("-inf"))
 
