@@ -155,17 +155,19 @@ def machine_info(device: str = "cpu") -> dict:
 def attention_settings() -> dict:
     """The attention module's switches and thresholds at measuring time: they choose how each call is computed
     (fused or explicit, block sizes, the backward pass), so a result records the ones it was measured with."""
-    from posenc_lib.attention import cpu_flash, layer
-    from posenc_lib.schemes import alibi, t5, xlnet
+    from posenc_lib.attention import backends, cpu_flash
+    from posenc_lib.kernels import xlnet
+    from posenc_lib.schemes import alibi, t5
 
+    tuning = backends.TUNING  # recorded under the names the results have always used
     return {
-        "layer.BLOCK_ELEMENTS": layer.BLOCK_ELEMENTS,
-        "layer.CPU_FLASH": layer.CPU_FLASH,
-        "layer.FUSED_MIN_ELEMENTS": layer.FUSED_MIN_ELEMENTS,
-        "layer.FLUSH_MIN_ELEMENTS": layer.FLUSH_MIN_ELEMENTS,
-        "layer.FUSED_BLOCK_ROWS": layer.FUSED_BLOCK_ROWS,
-        "layer.SIDED_BLOCK_ROWS": layer.SIDED_BLOCK_ROWS,
-        "layer.BATCH_CHUNK_ELEMENTS": layer.BATCH_CHUNK_ELEMENTS,
+        "layer.BLOCK_ELEMENTS": tuning.block_elements,
+        "layer.CPU_FLASH": tuning.cpu_flash,
+        "layer.FUSED_MIN_ELEMENTS": tuning.fused_min_elements,
+        "layer.FLUSH_MIN_ELEMENTS": tuning.flush_min_elements,
+        "layer.FUSED_BLOCK_ROWS": tuning.fused_block_rows,
+        "layer.SIDED_BLOCK_ROWS": tuning.sided_block_rows,
+        "layer.BATCH_CHUNK_ELEMENTS": tuning.batch_chunk_elements,
         "cpu_flash.SIDE_MIN_KEYS": cpu_flash.SIDE_MIN_KEYS,
         "cpu_flash.WORKSPACE_ELEMENTS": cpu_flash.WORKSPACE_ELEMENTS,
         "cpu_flash.WRITTEN_BACKWARD": cpu_flash.WRITTEN_BACKWARD,
@@ -184,7 +186,6 @@ class ShawNaive(ShawRelative):
     """
 
     name = NAIVE_SHAW
-    fused_cpu_attention = None  # the textbook tables everywhere: no fused CPU path (posenc_lib/attention/cpu_flash.py)
     clipped_sides = False
 
     def scores(self, q, k, ctx, layer, attn):

@@ -29,6 +29,7 @@ from .schemes.sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinus
 from .schemes.t5 import T5Bias, t5_relative_bucket
 from .utils import set_seed
 from .schemes.xlnet import XLNetRelative, rel_shift, xlnet_sinusoid
+from . import kernels  # noqa: F401,E402 (registers the backends and FlexAttention forms of the schemes above)
 
 __all__ = [
     "PE_TYPES", "PE_ALIASES", "PAPERS", "build_model", "Seq2SeqTransformer", "MultiHeadAttention",

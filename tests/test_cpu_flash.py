@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc_lib import build_model, make_scheme, set_seed
-from posenc_lib.attention import cpu_flash
+from posenc_lib.attention import backends, cpu_flash
 from posenc_lib.attention import layer as attention
 from posenc_lib.attention.layer import MultiHeadAttention
 from posenc_lib.schemes.registry import registered_schemes
@@ -161,7 +161,8 @@ def test_shaw_outer_keys_in_the_kernel_without_a_mask_equal_the_naive_reference(
     kernel without a mask, joined to the strip between through the log-sum-exps: output and every gradient equal
     the paper's (L, L, d) form, with a causal mask and with padded keys (a side holding a padded key stays in
     the strip)."""
-    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_sides, shaw_split, shaw_values_naive
+    from posenc_lib.kernels.shaw import shaw_sides, shaw_split
+    from posenc_lib.schemes.shaw import shaw_index, shaw_plan, shaw_scores_naive, shaw_values_naive
 
     g = torch.Generator().manual_seed(3)
     b, h, length, d, k_max, rows = 2, 3, 24, 5, 3, 6
@@ -210,7 +211,7 @@ def test_shaw_model_with_outer_keys_gives_the_explicit_loss_and_gradients(padded
         src_pad = torch.zeros(3, 13, dtype=torch.bool)
         src_pad[0, 10:] = True
         pads = dict(src_key_padding_mask=src_pad)
-    from posenc_lib.schemes import shaw as shaw_module
+    from posenc_lib.kernels import shaw as shaw_module
 
     split, real = [], shaw_module.shaw_split
 
@@ -286,9 +287,9 @@ def test_the_naive_shaw_contrast_keeps_the_explicit_path():
     from posenc_lib.schemes.shaw import ShawRelative
 
     q = torch.zeros(1, 4, 2, 8)
-    assert attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)
-    assert not attention._cpu_flash_wanted(ShawNaive(32, 4, 1), q, 0.0)
-    assert not attention._cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.1)  # dropout: explicit
+    assert backends.cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.0)
+    assert not backends.cpu_flash_wanted(ShawNaive(32, 4, 1), q, 0.0)
+    assert not backends.cpu_flash_wanted(ShawRelative(32, 4, 1), q, 0.1)  # dropout: explicit
 
 
 # -- the fused path below the blocking threshold (attention.FUSED_MIN_ELEMENTS) ------------------------------
@@ -452,7 +453,7 @@ def test_xlnets_block_mask_and_kernel_queries_give_its_score_terms_with_their_gr
     written out, buffers reused through ``work``) equal scores_from_parts times the scale, -inf where not allowed,
     and so do the gradients of q, k and the parts; with and without padding of the distances, no mask, a causal and
     a padding mask, reusing one ``work``."""
-    from posenc_lib.schemes import xlnet
+    from posenc_lib.kernels import xlnet
 
     monkeypatch.setattr(xlnet, "DISTANCE_PAD", pad)
     set_seed(0)
@@ -466,8 +467,8 @@ def test_xlnets_block_mask_and_kernel_queries_give_its_score_terms_with_their_gr
                    "pad": torch.rand(b, 1, 1, n) > 0.3}[kind]  # fmt: skip
         want = scheme.scores_from_parts(q, k, parts, {}, scale=0.7)
         want = want if allowed is None else want.masked_fill(~allowed, float("-inf"))
-        got = scheme.mask_from_parts(q, k, parts, {}, 0.7, allowed, work)
-        got = got + 0.7 * scheme.kernel_queries(q, parts) @ k.transpose(-1, -2) - 0.7 * q @ k.transpose(-1, -2)
+        got = xlnet.mask_from_parts(scheme, q, k, parts, {}, 0.7, allowed, work)
+        got = got + 0.7 * xlnet.kernel_queries(scheme, q, parts) @ k.transpose(-1, -2) - 0.7 * q @ k.transpose(-1, -2)
         torch.testing.assert_close(got, want)
         grad = torch.randn_like(want).masked_fill(torch.isinf(want), 0.0)
         for g, w in zip(torch.autograd.grad(got, leaves, grad), torch.autograd.grad(want, leaves, grad)):
@@ -492,7 +493,7 @@ def test_the_buffers_of_a_pass_are_emptied_when_it_ends(monkeypatch):
     set_seed(0)
     model = build_model("xlnet", 31, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).train()
     src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
-    from posenc_lib.schemes import xlnet
+    from posenc_lib.kernels import xlnet
 
     filled, real_work = [], xlnet._work
     monkeypatch.setattr(xlnet, "_work", lambda work, *a: filled.append(work) or real_work(work, *a))
@@ -514,7 +515,6 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     assert 32 * 4 * 64 * 64 < attention.FUSED_MIN_ELEMENTS
     model.loss(src, src[:, :-1], src[:, 1:]).backward()
     assert calls == []
-    mha = MultiHeadAttention(32, 4)
     scheme = model.enc_pos
     b, n = 2, 1
     while b * 4 * n * n < attention.FUSED_MIN_ELEMENTS:
@@ -526,12 +526,12 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     rows = SIDED_BLOCK_ROWS if pe in ("shaw", "deberta") else attention.FUSED_BLOCK_ROWS
     assert SIDED_BLOCK_ROWS != attention.FUSED_BLOCK_ROWS
     expected = [(s, min(s + rows, n)) for s in range(0, n, rows)]
-    assert rows < n and mha._query_blocks(q, n, path, scheme, ctx, bias) == expected  # fused, in blocks
+    assert rows < n and backends.query_blocks(scheme, q, n, path, bias) == expected  # fused, in blocks
     with torch.no_grad():
-        assert mha._query_blocks(q, n, path, scheme, ctx, bias) is None  # inference: the explicit path as before
-    assert mha._query_blocks(q, n, path, scheme, ctx, bias, 0.1) is None  # dropout: explicit
+        assert backends.query_blocks(scheme, q, n, path, bias) is None  # inference: the explicit path as before
+    assert backends.query_blocks(scheme, q, n, path, bias, 0.1) is None  # dropout: explicit
     below = (attention.FUSED_MIN_ELEMENTS - 1) // (b * 4 * n)  # query rows of a call just below the crossover
-    assert mha._query_blocks(q[:, :, :below], n, path, scheme, ctx, bias) is None
+    assert backends.query_blocks(scheme, q[:, :, :below], n, path, bias) is None
 
 
 def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch):
@@ -542,7 +542,7 @@ def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch)
     scheme = ShawNaive(32, 4, 1)
     ctx = scheme.prepare(torch.arange(6), torch.arange(6))
     path = attention.choose_attention_path(scheme, q_len=6, k_len=6, causal=False, padded=False)
-    assert MultiHeadAttention(32, 4)._query_blocks(q, 6, path, scheme, ctx, None) is None
+    assert backends.query_blocks(scheme, q, 6, path, None) is None
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -642,7 +642,7 @@ def test_t5s_encoder_at_batch_1_lays_out_its_bias_per_block_with_the_explicit_lo
 
 def test_t5_offset_values_lay_out_the_same_bias():
     """The per-block layout of T5's offset values equals the whole bias, rows and keys of every block."""
-    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.kernels.offsets import offset_block
     from posenc_lib.schemes import t5 as t5_module
 
     set_seed(0)
@@ -657,7 +657,7 @@ def test_t5_offset_values_lay_out_the_same_bias():
     torch.testing.assert_close(whole[0], scheme.relative_attention_bias.weight[buckets].permute(2, 0, 1), rtol=0, atol=0)
     assert t5_module.TOEPLITZ_MIN_ELEMENTS <= 4 * 1024 * 1029
     for start, end, n in [(0, 128, 133), (128, 256, 1029), (1000, 1024, 1029), (7, 9, 3)]:
-        block = _offset_block(1024, start, end, n, None, None, None, values)
+        block = offset_block(1024, start, end, n, None, None, None, values)
         torch.testing.assert_close(block, whole[:, :, start:end, :n], rtol=0, atol=0)
 
 
@@ -682,7 +682,7 @@ def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads, 
     """ALiBi's one value per offset, laid out whole or one block of rows at a time, is alibi_bias exactly
     (the same float32 products), for windows that start anywhere; "split" and scattered positions keep the
     whole bias."""
-    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.kernels.offsets import offset_block
     from posenc_lib.schemes import alibi as alibi_module
 
     scheme = make_scheme("alibi", 48, n_heads, 1, causal=causal, bidirectional=bidirectional)
@@ -698,7 +698,7 @@ def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads, 
         assert scheme.bias(ctx, 1) is whole  # once per stack
         q_len, k_len = q_pos.numel(), k_pos.numel()
         for start, end, n in [(0, 128, 133), (128, 256, k_len), (q_len - 24, q_len, k_len), (7, 9, 3)]:
-            block = _offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(ctx))
+            block = offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(ctx))
             assert torch.equal(block, whole[:, :, start:end, :n])
     pos = torch.arange(1024)
     assert "bias" in make_scheme("alibi", 48, n_heads, 1, causal=False, bidirectional="split").prepare(pos, pos)
@@ -747,13 +747,13 @@ def test_flash_whole_offsets_sums_the_mask_gradient_per_diagonal(batch, padded, 
 def test_offset_rows_gradient_sums_each_diagonal(batch_mask):
     """_OffsetRows' written-out backward pass (each diagonal summed through a strided buffer) equals autograd's
     through a gather of the same entries, masked entries getting no gradient."""
-    from posenc_lib.attention.layer import _offset_block
+    from posenc_lib.kernels.offsets import offset_block
 
     g = torch.Generator().manual_seed(0)
     q_len, k_len, start, end, n = 9, 11, 3, 7, 8
     values = torch.randn(4, q_len + k_len - 1, generator=g, requires_grad=True)
     allowed = torch.rand(2 if batch_mask else 1, 1, end - start, n, generator=g) > 0.3
-    out = _offset_block(q_len, start, end, n, allowed, None, None, values)
+    out = offset_block(q_len, start, end, n, allowed, None, None, values)
     i, j = torch.arange(start, end)[:, None], torch.arange(n)[None]
     ref = values[:, j - i + q_len - 1][None].masked_fill(~allowed, float("-inf"))
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
@@ -770,13 +770,12 @@ def test_the_benchmark_shape_at_batch_32_runs_blocks_of_full_rows(pe, rows, monk
     from posenc_lib.attention.layer import choose_attention_path
 
     monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", SIDED_BLOCK_ROWS)  # the module's own choice
-    attn = MultiHeadAttention(256, 8)
     scheme = make_scheme(pe, 256, 8, 1, causal=True)
     q = torch.empty(32, 8, 1024, 32)
     path = choose_attention_path(scheme, q_len=1024, k_len=1024, causal=True, padded=False)
     assert attention.BLOCK_ELEMENTS // (32 * 8 * 1024) == 64
     with torch.enable_grad():
-        blocks = attn._query_blocks(q, 1024, path, scheme, None, None)
+        blocks = backends.query_blocks(scheme, q, 1024, path, None)
     assert {e - s for s, e in blocks} == {rows}
 
 
@@ -807,6 +806,14 @@ def test_t5_and_shaw_batch_rows_in_chunks_give_the_loss_and_gradients_of_the_exp
             assert names == {"shaw_attention"}
 
 
+def _offset_selection(scheme, ctx, q, path):
+    """``(values, blocks, chunk)`` of the ``cpu_offsets`` backend for a self-attention call of queries ``q``."""
+    call = backends.AttentionCall(q, q, q, None, scheme, ctx, 0, None, path, 1.0, 0.0, False)
+    chosen = backends.offset_selection(call, backends.TUNING)
+    assert chosen.backend == "cpu_offsets"
+    return chosen.values, chosen.blocks, chosen.chunk
+
+
 def test_t5s_causal_blocks_at_batch_32_l_2048_hold_full_rows_in_chunks(monkeypatch):
     """At batch 32, L = 2048 (the benchmark model: 8 heads of 32) BLOCK_ELEMENTS alone allows T5's causal blocks 32
     rows; its batch rows run in chunks of 4 (BATCH_CHUNK_ELEMENTS), each with blocks of FUSED_BLOCK_ROWS (128)."""
@@ -818,8 +825,8 @@ def test_t5s_causal_blocks_at_batch_32_l_2048_hold_full_rows_in_chunks(monkeypat
     path = choose_attention_path(scheme, q_len=2048, k_len=2048, causal=True, padded=False)
     assert attention.BLOCK_ELEMENTS // (32 * 8 * 2048) == 32
     with torch.enable_grad():
-        values, blocks, chunk = attention._offset_bias_blocks(scheme, ctx, q, 2048, path, 0.0)
+        values, blocks, chunk = _offset_selection(scheme, ctx, q, path)
         assert chunk == 4 and {e - s for s, e in blocks} == {attention.FUSED_BLOCK_ROWS} == {128}
         monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", None)
-        values, blocks, chunk = attention._offset_bias_blocks(scheme, ctx, q, 2048, path, 0.0)
+        values, blocks, chunk = _offset_selection(scheme, ctx, q, path)
         assert chunk == 32 and {e - s for s, e in blocks} == {32}

@@ -1,38 +1,46 @@
-"""FlexAttention path (posenc_lib/attention/flex.py), forward on CPU (the eager reference, no compile):
-equal to the explicit path for every score-modifying scheme, encoder with padding and causal decoder."""
+"""FlexAttention path (posenc_lib/attention/flex.py), forward on CPU (the eager reference, no compile): forms found
+by scheme class, switched on only by the environment.  Its equality with the explicit path for every scheme it
+applies to, encoder and causal, with padding: tests/test_backend_contract.py."""
 import pytest
 import torch
 
-from posenc_lib import make_scheme, set_seed
+from posenc_lib import ShawRelative, set_seed
 from posenc_lib.attention import flex
-from posenc_lib.attention.layer import MultiHeadAttention
+from posenc_lib.attention.layer import MultiHeadAttention, PositionScheme
 
 pytestmark = pytest.mark.skipif(not flex.available(), reason="this torch has no FlexAttention")
 
 
-@pytest.mark.parametrize("pe", ["t5", "alibi", "shaw", "xlnet", "deberta"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_flex_forward_equals_the_explicit_path(pe, causal, monkeypatch):
+def test_a_subclass_takes_the_form_its_base_class_registered():
+    """Forms are found by class, not by name: a renamed subclass of Shaw's scheme has Shaw's score_mod and value term
+    (the equality of every scheme's form with the explicit path: tests/test_backend_contract.py)."""
     set_seed(0)
-    d, h, n = 32, 4, 24  # n > 2k + 1 for shaw (k = 4 below): both clipped ends are populated
-    opts = {"max_relative_position": 4} if pe == "shaw" else {}
-    scheme = make_scheme(pe, d, h, 1, causal=causal, **opts)
-    attn = MultiHeadAttention(d, h).eval()
-    pos = torch.arange(n)
-    x = torch.randn(2, n, d)
-    pad = torch.zeros(2, n, dtype=torch.bool)
-    pad[1, 17:] = True
+
+    class Renamed(ShawRelative):
+        name = "renamed"
+
+    scheme, attn = Renamed(32, 4, 1, max_relative_position=4), MultiHeadAttention(32, 4).eval()
+    pos, x = torch.arange(12), torch.randn(2, 12, 32)
+    q = k = v = attn.split(x)
+    ctx = scheme.prepare(pos, pos)
     with torch.no_grad():
-        ctx = scheme.prepare(pos, pos)
-        monkeypatch.delenv(flex.ENV, raising=False)
-        ref = attn(x, causal=causal, pos=scheme, ctx=ctx, key_padding_mask=pad)
-        monkeypatch.setenv(flex.ENV, "1")
-        calls = []
-        real = flex.flex_attend
-        monkeypatch.setattr(flex, "flex_attend", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-        got = attn(x, causal=causal, pos=scheme, ctx=scheme.prepare(pos, pos), key_padding_mask=pad)
-    assert calls
+        got = flex.flex_attend(scheme, q, k, v, ctx, 0, attn, 0.3, None)
+        ref = torch.softmax((q @ k.transpose(-1, -2) + scheme.scores(q, k, ctx, 0, attn)) * 0.3, -1)
+        ref = ref @ v + scheme.values(ref, ctx, 0)
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_a_scheme_without_a_form_is_named():
+    class ValuesOnly(PositionScheme):
+        def scores(self, q, k, ctx, layer, attn):
+            return torch.zeros(q.shape[:3] + k.shape[2:3])
+
+        def values(self, probs, ctx, layer):
+            return None
+
+    scheme, q = ValuesOnly(32, 4, 1), torch.zeros(1, 4, 3, 8)
+    with pytest.raises(ValueError, match="no FlexAttention form for scheme ValuesOnly"):
+        flex.scheme_score_mod(scheme, q, q, scheme.prepare(torch.arange(3), torch.arange(3)), 0, None, 1.0)
 
 
 def test_flex_is_off_unless_switched_on(monkeypatch):

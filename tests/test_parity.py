@@ -115,6 +115,7 @@ def test_deberta_matches_transformers_with_gradients(path, monkeypatch):
     """With gradients on, the explicit path and the fused CPU path (in one block, ``FUSED_MIN_ELEMENTS``; or in blocks
     of 6 rows with relative positions clipped at 10, so that the keys beyond run without a mask) give transformers'
     output and its gradient for the input and the query projection."""
+    from posenc_lib.attention import cpu_flash
     from posenc_lib.attention import layer as attention
 
     ref, scheme, attn = _deberta_pair(max_rel=10) if path == "sides" else _deberta_pair()
@@ -122,13 +123,13 @@ def test_deberta_matches_transformers_with_gradients(path, monkeypatch):
     if path == "sides":
         monkeypatch.setattr(attention, "SIDED_BLOCK_ROWS", 6)
     used = []
-    real = attention.cpu_flash.flash_blocks  # a layer's blocks in one node, the tables projected once
+    real = cpu_flash.flash_blocks  # a layer's blocks in one node, the tables projected once
 
     def spy(*a, ranges=None, sides=None, **kw):
         used.append(ranges)
         return real(*a, ranges=ranges, sides=sides, **kw)
 
-    monkeypatch.setattr(attention.cpu_flash, "flash_blocks", spy)
+    monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
     x = torch.randn(2, 30, 32, requires_grad=True)
     pos = torch.arange(30)
     ctx = scheme.prepare(pos, pos)

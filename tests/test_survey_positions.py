@@ -9,6 +9,7 @@ import torch
 
 from posenc_lib import ALL_TYPES, PAPERS, PE_TYPES, SURVEY_TYPES, build_model, greedy_decode, make_scheme, set_seed
 from posenc_lib.attention import cpu_flash, flex
+from posenc_lib.attention import backends
 from posenc_lib.attention import layer as attention
 from posenc_lib.attention.layer import MultiHeadAttention, choose_attention_path
 from posenc_lib.models.causal_lm import CausalLM
@@ -441,15 +442,15 @@ def _model_and_batch(pe):
 
 def _spy_blocks(monkeypatch):
     seen = []
-    real = MultiHeadAttention._query_blocks
+    real = backends.query_blocks
 
-    def spy(self, *a, **kw):
-        blocks = real(self, *a, **kw)
+    def spy(*a, **kw):
+        blocks = real(*a, **kw)
         if blocks is not None:
             seen.append(len(blocks))
         return blocks
 
-    monkeypatch.setattr(MultiHeadAttention, "_query_blocks", spy)
+    monkeypatch.setattr(backends, "query_blocks", spy)
     return seen
 
 

@@ -354,10 +354,10 @@ class _ShawFlash(torch.autograd.Function):
     backward pass that rebuilds each block's weights once (no second forward pass).
 
     The keys a block's rows all see at the same clipped distance (every key more than ``k`` positions from each
-    of its queries, :func:`~posenc_lib.schemes.shaw.shaw_sides`) add the same ``q . a^K`` to a row's scores
+    of its queries, :func:`~posenc_lib.kernels.shaw.shaw_sides`) add the same ``q . a^K`` to a row's scores
     and the same ``a^V`` to its output.  There the kernel runs without a mask, forward and backward, and the
     three key ranges are joined through their log-sum-exps; only the strip between (the block's rows plus
-    ``2k`` keys wide) lays out a mask and its weights (the split: :func:`~posenc_lib.schemes.shaw.shaw_split`).  Against laying out every key
+    ``2k`` keys wide) lays out a mask and its weights (the split: :func:`~posenc_lib.kernels.shaw.shaw_split`).  Against laying out every key
     (whole step, median of 5 interleaved repeats over ``none``'s): 1.70 -> 1.40 at batch 2 and 1.66 -> 1.44 at
     batch 1, L = 1024; 1.83 -> 1.53 at batch 1, L = 2048."""
 
@@ -515,7 +515,7 @@ def shaw_attention(q, k, v, table_k, table_v, scale: float, blocks) -> torch.Ten
     ``(batch, 1, end - start, n)``) or ``None``, where ``n``, the plan's number of keys, may stop short
     of ``k_len`` when no row of the block sees the keys after it.  Same function and gradients as the explicit path.
     A block may carry a fifth item, its split ``(s0, s1, strip_plan, strip_allowed)``
-    (:func:`~posenc_lib.schemes.shaw.shaw_split`): keys ``0:s0`` and ``s1:n`` then run without a mask.
+    (:func:`~posenc_lib.kernels.shaw.shaw_split`): keys ``0:s0`` and ``s1:n`` then run without a mask.
     """
     return _ShawFlash.apply(q, k, v, table_k, table_v, scale, blocks)
 

@@ -4,20 +4,17 @@ FlexAttention computes ``softmax(scale * q k^T + mods) v`` in one fused kernel (
 ``torch.compile``, on a GPU), where the modification is a function ``score_mod(score, b, h, i, j)``
 of one score and its indices.  Every position scheme of this course that changes scores fits:
 
-* T5 and ALiBi: ``score + bias[h, i, j]`` (the bias the scheme already builds);
-* Shaw's key term: ``score + scale * S[b, h, i, index[i, j]]`` with the small ``S = q w^K^T``
-  (``(B, H, Lq, 2k+1)``);
-* DeBERTa: ``score + scale * (C2P[b, h, i, index[i, j]] + P2C[b, h, j, index[i, j]])``, both
-  ``(B, H, L, 2k)``;
-* Transformer-XL: ``score + scale * (u . k_j + BD[b, h, i, j + Lq - 1 - i])``, the relative shift
-  done as an index inside ``score_mod``;
+* a bias-only scheme (T5, ALiBi): ``score + bias[h, i, j]`` (the bias the scheme already builds);
+* a scheme whose class registered its own form (:func:`register`; Shaw, DeBERTa and Transformer-XL in
+  :mod:`posenc_lib.kernels.flex_forms`): a few small scaled products indexed per score;
 * any other scheme with score terms only (CoPE, whose positions are sums over a row of gates):
   ``score + scale * terms[b, h, i, j]`` from its written-out terms (no memory saved).
 
 Padding and the causal mask are applied inside ``score_mod`` (``-inf``), and, where they let a
 whole block be skipped, as a block mask (``create_block_mask``).
 
-Shaw's value term ``sum_j p_ij w^V[index[i, j]]`` is not a score modification.  It needs the
+A value term (Shaw's ``sum_j p_ij w^V[index[i, j]]``) is not a score modification; a scheme with one registers
+a ``value_term`` that rebuilds it from the kernel's row log-sum-exp.  Shaw's needs the
 attention mass per clipped distance, ``M[i, r]``.  The cheapest exact way found here: ask the
 kernel for the log-sum-exp of every row (``return_lse=True``); for the inner distances
 ``|r - k| < k`` each row has at most one key, so ``M[i, r] = exp(s_ij - lse_i)`` from that one
@@ -36,6 +33,8 @@ import os
 import warnings
 
 import torch
+
+from .by_class import for_class
 
 try:  # torch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -70,7 +69,7 @@ def _kernel(device: torch.device):
     return flex_attention
 
 
-def _call(q, k, v, score_mod, block_mask, scale, return_lse):
+def call(q, k, v, score_mod, block_mask, scale, return_lse):
     """The output, and with ``return_lse`` also the row log-sum-exp ``(B, H, Lq)``."""
     kernel = _kernel(q.device)
     with warnings.catch_warnings():
@@ -103,29 +102,31 @@ def _mask_parts(allowed: torch.Tensor | None, q_len: int, k_len: int, device):
     return apply, block
 
 
+#: FlexAttention forms registered by scheme class (:func:`register`): ``score_mod(pos, q, k, ctx, layer, attn, scale)
+#: -> (b, h, i, j) -> extra`` and ``value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, lse)``
+SCORE_MODS: dict[type, object] = {}
+VALUE_TERMS: dict[type, object] = {}
+
+
+def register(scheme_class: type, *, score_mod=None, value_term=None) -> None:
+    """Give ``scheme_class`` (and its subclasses that keep its terms) its FlexAttention form: a ``score_mod`` for its score terms and,
+    for a scheme with a value term, the ``value_term`` that rebuilds it from the kernel's row log-sum-exp."""
+    if not isinstance(scheme_class, type):
+        raise TypeError(f"scheme_class must be a class, got {type(scheme_class).__name__}")
+    if score_mod is not None:
+        SCORE_MODS[scheme_class] = score_mod
+    if value_term is not None:
+        VALUE_TERMS[scheme_class] = value_term
+
+
 def scheme_score_mod(pos, q, k, ctx, layer, attn, scale):
-    """``(b, h, i, j) -> extra`` (already scaled) for ``pos``'s score terms and bias, or ``None``."""
-    name = getattr(pos, "name", None)
+    """``(b, h, i, j) -> extra`` (already scaled) for ``pos``'s score terms and bias, or ``None``: the form registered
+    for its class, else its bias (a bias-only scheme) or its written-out score terms (a score-only scheme)."""
+    own = for_class(SCORE_MODS, pos)
+    if own is not None:
+        return own(pos, q, k, ctx, layer, attn, scale)
     b_, h_, lq, _ = q.shape
     lk = k.shape[2]
-    if name == "shaw":
-        s_k = (q @ pos.table_k[layer].to(q.dtype).t()) * scale  # (B, H, Lq, 2k+1)
-        index = ctx["index"]
-        return lambda b, h, i, j: s_k[b, h, i, index[i, j]]
-    if name == "deberta":
-        rel = ctx["rel"].to(q.dtype)
-        dh = q.shape[-1]
-        pos_q = attn.q_proj(rel).view(-1, h_, dh).transpose(0, 1)
-        pos_k = attn.k_proj(rel).view(-1, h_, dh).transpose(0, 1)
-        c2p, p2c = (q @ pos_k.transpose(-1, -2)) * scale, (k @ pos_q.transpose(-1, -2)) * scale
-        index = ctx["index"]
-        return lambda b, h, i, j: c2p[b, h, i, index[i, j]] + p2c[b, h, j, index[i, j]]
-    if name == "xlnet":
-        dh = q.shape[-1]
-        r = (ctx["R"].to(q.dtype) @ pos.r_proj[layer].to(q.dtype)).view(-1, h_, dh).transpose(0, 1)
-        cb = torch.einsum("hd,bhjd->bhj", pos.u[layer].to(q.dtype), k) * scale  # (B, H, Lk)
-        bd = ((q + pos.v[layer].to(q.dtype)[None, :, None, :]) @ r.transpose(-1, -2)) * scale  # (B, H, Lq, P)
-        return lambda b, h, i, j: cb[b, h, j] + bd[b, h, i, j + lq - 1 - i]
     if pos.adds_bias and not pos.adds_scores:
         bias = pos.bias(ctx, layer)
         if bias is None:
@@ -138,9 +139,10 @@ def scheme_score_mod(pos, q, k, ctx, layer, attn, scale):
         # terms, indexed (no saving over the explicit path, but the same kernel call)
         extra = pos.scores(q, k, ctx, layer, attn).float() * scale
         return lambda b, h, i, j: extra[b if extra.shape[0] > 1 else 0, h, i, j]
+    registered = ", ".join(sorted(c.__name__ for c in SCORE_MODS)) or "none"
     raise ValueError(
-        f"no FlexAttention form for scheme {name!r}; valid choices: shaw, deberta, xlnet, a bias-only scheme, "
-        "or a scheme with score terms only"
+        f"no FlexAttention form for scheme {type(pos).__name__} ({getattr(pos, 'name', None)!r}); valid choices: "
+        f"a registered class ({registered}), a bias-only scheme, or a scheme with score terms only"
     )
 
 
@@ -156,41 +158,10 @@ def flex_attend(pos, q, k, v, ctx, layer, attn, scale, allowed):
         return masked(s, b, h, i, j)
 
     if not pos.adds_values:
-        return _call(q, k, v, score_mod, block, scale, False)
-    out, lse = _call(q, k, v, score_mod, block, scale, True)
-    return out + _shaw_value_term(pos, q, k, ctx, layer, scale, score_mod, block, allowed, lse, v)
-
-
-def _shaw_value_term(pos, q, k, ctx, layer, scale, score_mod, block, allowed, lse, v):
-    """``sum_r M[i, r] w^V_r`` from the row log-sum-exp (see the module docstring)."""
-    plan = ctx["plan"]
-    rows = plan.rows
-    if not plan.fast:
-        raise ValueError("the FlexAttention Shaw value term needs an index that hits each inner distance "
-                         "at most once per query (distinct key positions, as the model's aranges)")
-    b_, h_, lq, _ = q.shape
-    table_k = pos.table_k[layer].to(q.dtype)
-    lse = lse.float()
-    inner = []
-    for r in range(1, rows - 1):  # at most one key per row: the key at distance r - k
-        j = plan.band_j[:, r - 1]  # (Lq,) clamped to a valid key
-        kj = k[:, :, j]  # (B, H, Lq, dh)
-        s = ((q * (kj + table_k[r])).sum(-1) * scale).float()
-        ok = plan.band_ok[:, r - 1].bool()[None, None]
-        if allowed is not None:
-            a = allowed.expand(allowed.shape[0], 1, lq, allowed.shape[-1])
-            ok = ok & a[:, :, torch.arange(lq, device=q.device), j]
-        inner.append(torch.where(ok, torch.exp(s - lse), torch.zeros_like(s)))
-    inner = torch.stack(inner, -1) if inner else lse.new_zeros(b_, h_, lq, 0)
-    index = ctx["index"]
-    last = rows - 1
-
-    def right_only(s, b, h, i, j):  # keys at the clipped right end only
-        return torch.where(index[i, j] == last, score_mod(s, b, h, i, j), -float("inf"))
-
-    _, lse_right = _call(q, k, v, right_only, block, scale, True)
-    m_right = torch.exp(lse_right.float() - lse)
-    m_right = torch.where(torch.isfinite(lse_right), m_right, torch.zeros_like(m_right))
-    m_left = (1.0 - inner.sum(-1) - m_right).clamp(min=0.0)
-    mass = torch.cat((m_left[..., None], inner, m_right[..., None]), -1)  # (B, H, Lq, 2k+1)
-    return (mass @ pos.table_v[layer].float()).to(q.dtype)
+        return call(q, k, v, score_mod, block, scale, False)
+    value_term = for_class(VALUE_TERMS, pos)
+    if value_term is None:
+        raise ValueError(f"no FlexAttention value term for scheme {type(pos).__name__}; register one with "
+                         "flex.register(scheme_class, value_term=...)")
+    out, lse = call(q, k, v, score_mod, block, scale, True)
+    return out + value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, lse)

@@ -4,9 +4,9 @@ no more.
 * :func:`append_to_cache`: a decoder self-attention layer's keys and values, kept in buffers that grow by doubling;
 * :func:`self_attention_step`: a causal self-attention step without padding: its queries, keys and values (in one
   product inside a decoding loop, :func:`~posenc_lib.models.decoding.packed_weights`), the scheme's rotation,
-  the cache, and the attention itself through :meth:`~posenc_lib.attention.layer.MultiHeadAttention._attend`, the
-  computation :meth:`~posenc_lib.attention.layer.MultiHeadAttention.forward` reaches for such a call, without the
-  choices on the way (blocks, masks, fused training paths) that a step of one query never takes;
+  the cache, and the attention itself through :func:`~posenc_lib.attention.backends.dense`, the computation
+  :meth:`~posenc_lib.attention.layer.MultiHeadAttention.forward` reaches for such a call, without the choices on the
+  way (blocks, masks, fused training paths) that a step of one query never takes;
 * :func:`cross_attention`: the cross-attention step as two batched products against keys transposed once;
 * :func:`distance_table`: what a scheme keeps per distance ``0, 1, ...`` between steps (T5's bias, DeBERTa's buckets,
   XLNet's projected distances).
@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .backends import dense
 
 
 def cached_len(cache: dict) -> int:
@@ -41,7 +43,7 @@ def distance_table(state: dict, key, k_len: int, build, device) -> torch.Tensor:
 def takes_self_step(attn, x: torch.Tensor, key_padding_mask, pos, cache: dict, block_elements) -> bool:
     """A causal self-attention call that :func:`self_attention_step` computes as ``forward`` would: one query per
     sequence, float32 on CPU, no gradient, no padding, a position scheme, and scores within ``block_elements``
-    (:data:`~posenc_lib.attention.layer.BLOCK_ELEMENTS`; a longer call is split into blocks by ``forward``)."""
+    (:attr:`~posenc_lib.attention.backends.AttentionTuning.block_elements`; a longer call is split into blocks)."""
     if x.shape[1] != 1 or key_padding_mask is not None or pos is None or torch.is_grad_enabled():
         return False
     if x.dtype != torch.float32 or x.device.type != "cpu":
@@ -62,7 +64,7 @@ def self_attention_step(attn, x: torch.Tensor, pos, ctx: dict, layer: int, cache
     q, k = pos.rotate(q, k, ctx, layer)
     k, v = append_to_cache(cache, k, v)
     scale = 1.0 / math.sqrt(attn.head_dim * pos.score_terms)
-    out, _ = attn._attend(q, k, v, None, pos.bias(ctx, layer), ctx, pos, layer, path, scale, 0.0)
+    out, _ = dense(q, k, v, None, pos.bias(ctx, layer), ctx, pos, layer, attn, path, scale, 0.0)
     return attn.out_proj(out.transpose(1, 2).reshape(b, 1, attn.d_model))
 
 

@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..attention import cpu_flash
-from ..attention.cpu_flash import sum_per_row as _sum_per_row
-from ..attention.layer import PositionScheme, _block_keys, check_positions, on_host
+from ..attention.cpu_flash import sum_per_row
+from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
 from ..utils import check_positive_int, relative_positions
 
@@ -64,7 +63,7 @@ class ShawPlan:
     ``ends: (Lq, Lk, 2)`` float 0/1 masks of the keys in the first and last row;
     ``fast``: False if an inner row is hit twice in some query row (then scatter-add is used);
     checked on CPU only, assumed for an index on an accelerator (distinct key positions).
-    ``subs``: what is worked out from the plan once (:func:`shaw_sides`, :func:`shaw_sub_plan`).
+    ``subs``: what is worked out from the plan once (the fused CPU path's, :mod:`posenc_lib.kernels.shaw`).
     """
 
     index: torch.Tensor
@@ -97,43 +96,6 @@ def shaw_plan(index: torch.Tensor, rows: int) -> ShawPlan:
     return ShawPlan(index, rows, band_j.clamp(min=0), band_ok, ends, fast)
 
 
-def shaw_sides(plan: ShawPlan) -> tuple[int, int]:
-    """``(lo, hi)``: keys ``0:lo`` are at the table's first row in every query row of ``plan``, keys ``hi:Lk`` at its
-    last (``(0, Lk)`` off the CPU: no host read); worked out once per plan."""
-    if "sides" not in plan.subs:
-        index, lk = plan.index, plan.index.shape[1]
-        lo, hi = 0, lk
-        if on_host(index) and index.numel():
-            lo = int((index == 0).all(0).cumprod(0).sum())
-            hi = max(lo, lk - int((index == plan.rows - 1).all(0).flip(0).cumprod(0).sum()))
-        plan.subs["sides"] = lo, hi
-    return plan.subs["sides"]
-
-
-def shaw_sub_plan(plan: ShawPlan, start: int, end: int) -> ShawPlan:
-    """The plan of keys ``start:end`` of ``plan``'s index (built once per plan and key range)."""
-    if (start, end) == (0, plan.index.shape[1]):
-        return plan
-    if (start, end) not in plan.subs:
-        plan.subs[start, end] = shaw_plan(plan.index[:, start:end], plan.rows)
-    return plan.subs[start, end]
-
-
-def shaw_split(plan: ShawPlan, allowed):
-    """``(s0, s1, strip, allowed)`` of a block for :func:`~posenc_lib.attention.cpu_flash.shaw_attention`: the keys
-    ``s0:s1`` whose mask and weights are laid out (the strip: its plan and rows of the boolean mask); keys ``0:s0``
-    and ``s1:n`` are all at the table's first and last row (:func:`shaw_sides`) and allowed for every row, so they run
-    in the kernel without a mask.  A range shorter than :data:`~posenc_lib.attention.cpu_flash.SIDE_MIN_KEYS` or
-    holding a masked key stays in the strip."""
-    n, (lo, hi) = plan.index.shape[1], shaw_sides(plan)
-    least = n + 1 if cpu_flash.SIDE_MIN_KEYS is None else cpu_flash.SIDE_MIN_KEYS
-    s0 = lo if lo >= least and (allowed is None or bool(allowed[..., :lo].all())) else 0
-    s1 = hi if n - hi >= least and (allowed is None or bool(allowed[..., hi:].all())) else n
-    if (s0, s1) == (0, n) or s1 <= s0:  # nothing split off, or no strip left
-        return 0, n, plan, allowed
-    return s0, s1, shaw_sub_plan(plan, s0, s1), None if allowed is None else allowed[..., s0:s1]
-
-
 def _gather_rows(s: torch.Tensor, plan: ShawPlan) -> torch.Tensor:
     """``out[..., i, j] = s[..., i, index_ij]``: ``(B, H, Lq, R) -> (B, H, Lq, Lk)``."""
     b, h, lq, _ = s.shape
@@ -148,14 +110,14 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _sum_per_row(grad, ctx.plan), None
+        return sum_per_row(grad, ctx.plan), None
 
 
 class _SumPerRow(torch.autograd.Function):
     @staticmethod
     def forward(ctx, p, plan):
         ctx.plan = plan
-        return _sum_per_row(p, plan)
+        return sum_per_row(p, plan)
 
     @staticmethod
     def backward(ctx, grad):
@@ -228,10 +190,10 @@ class ShawRelative(PositionScheme):
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "plan": plan}
 
     def query_slice(self, ctx, start, end):
-        plan = self._block_plan(ctx, start, end, ctx["index"].shape[1])
+        plan = self.block_plan(ctx, start, end, ctx["index"].shape[1])
         return {"q_pos": ctx["q_pos"][start:end], "k_pos": ctx["k_pos"], "index": plan.index, "plan": plan}
 
-    def _block_plan(self, ctx, start, end, k_end):
+    def block_plan(self, ctx, start, end, k_end):
         """The plan of query rows ``start:end`` and keys ``0:k_end``, built once per forward pass and
         shared by the layers of the stack."""
         plans = ctx.setdefault("block_plans", {})
@@ -259,15 +221,6 @@ class ShawRelative(PositionScheme):
             mass = probs.new_zeros(b, h, 1, self.table_v.shape[1]).index_add_(-1, ctx["index"][0], probs)
             return mass @ self.table_v[layer].to(probs.dtype)
         return shaw_value_term(probs, self.table_v[layer], ctx["index"], ctx.get("plan"))
-
-    def fused_cpu_attention(self, q, k, v, ctx, layer, scale, allowed, blocks):
-        """Attention over query ``blocks`` with both terms in the fused CPU kernel (:mod:`posenc_lib.attention.cpu_flash`)."""
-        parts = []
-        for start, end in blocks:
-            rows, k_end = _block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query
-            plan = self._block_plan(ctx, start, end, k_end)
-            parts.append((start, end, plan, rows, shaw_split(plan, rows)))
-        return cpu_flash.shaw_attention(q, k, v, self.table_k[layer], self.table_v[layer], scale, parts)
 
     def extra_repr(self):
         return f"causal={self.causal}, max_relative_position={self.max_relative_position}"

@@ -162,7 +162,7 @@ class T5Bias(PositionScheme):
     def offset_runs(self, ctx) -> tuple[int, int] | None:
         """``(a, z)`` for the values per offset of :meth:`offset_bias`: offsets ``0:a`` share the first one's bucket
         and offsets ``z:`` the last one's (every distance from ``max_distance`` on is one bucket), so their keys can
-        run without a mask (:func:`~posenc_lib.attention.layer._offset_bias_attention`); ``None`` without values per
+        run without a mask (:func:`~posenc_lib.kernels.offsets.offset_bias_attention`); ``None`` without values per
         offset.  Worked out once per context."""
         if "offset_values" not in ctx:
             return None
