@@ -144,7 +144,7 @@ def finale_laptop_run():
     results, bleu = _bleu()
     models = results["models"]
     fp32 = sorted((pe, int(s)) for pe, m in models.items() for s, r in m.items() if r["precision"] == "fp32")
-    assert fp32 == sorted([("xlnet", 0), ("deberta", 0), ("alibi", 0), ("t5", 1), ("alibi", 1)])
+    assert fp32 == sorted([("alibi", 0), ("t5", 1), ("alibi", 1)])
     assert models["learned"]["0"]["precision"] == models["t5"]["0"]["precision"] == "bf16"
     v = _verdicts(results, AWARE_AND_NONE)
     assert all(v["none", pe]["verdict"] == "b ahead" and all(x["p"] <= 0.001 for x in v["none", pe]["seeds"].values())

@@ -36,7 +36,7 @@ def _bleu(results, pe, seed, test="heldout"):
 
 def test_one_rule_four_way(results, verdicts):
     """'One statistic, one rule': three tiers; Shaw-RoPE not separated with p < 0.05 in one seed of three; all
-    twelve in bf16; the reruns in fp32 moved in-domain BLEU by at most 0.26, under a fifth of the smallest ranked gap."""
+    twelve in bf16; the reruns in fp32 moved in-domain BLEU by at most 0.27, under a fifth of the smallest ranked gap."""
     assert {len(results["models"][pe]) for pe in FOUR} == {3}
     assert all(r["precision"] == "bf16" for pe in FOUR for r in results["models"][pe].values())
     for a, b in [("none", "sinusoidal"), ("none", "shaw"), ("none", "rope"), ("sinusoidal", "shaw"),
@@ -45,10 +45,10 @@ def test_one_rule_four_way(results, verdicts):
     sr = verdicts["shaw", "rope"]
     assert sr["verdict"] == "not separated" and sum(x["p"] < 0.05 for x in sr["seeds"].values()) == 1
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
-    assert len(prec) == 4 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
+    assert len(prec) == 6 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
     moved = max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec)
     smallest = min(verdicts[k]["mean"] for k in [("none", "sinusoidal"), ("sinusoidal", "shaw"), ("sinusoidal", "rope")])
-    assert round(moved, 2) == 0.26 and moved < smallest / 5
+    assert round(moved, 2) == 0.27 and moved < smallest / 5
     assert read_json(RUN / "config.json")["profile"]["bootstrap_samples"] == 1000
 
 
@@ -114,7 +114,7 @@ def test_nine_encodings_one_rule(results, verdicts):
     seeds = {pe: sorted(int(s) for s in results["models"][pe]) for pe in FIVE}
     assert seeds == {"learned": [0], "t5": [0, 1], "xlnet": [0], "deberta": [0], "alibi": [0, 1]}
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
-    assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.26
+    assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.27
     assert R.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
     for pe in FIVE:
         v_none, v_sin = verdicts["none", pe], verdicts["sinusoidal", pe]
@@ -125,9 +125,9 @@ def test_nine_encodings_one_rule(results, verdicts):
     none_mean = R.seed_stats(results, "heldout", "bleu")["none"]["mean"]
     one_seed = ["learned", "xlnet", "deberta"]
     above_none = [_bleu(results, pe, 0) - none_mean for pe in one_seed]
-    assert [round(min(above_none), 1), round(max(above_none), 1)] == [8.8, 10.1]
+    assert [round(min(above_none), 1), round(max(above_none), 1)] == [8.8, 10.4]
     above_sin = [_bleu(results, pe, 0) - _bleu(results, "sinusoidal", 0) for pe in one_seed]
-    assert [round(min(above_sin), 1), round(max(above_sin), 1)] == [0.3, 1.6]
+    assert [round(min(above_sin), 1), round(max(above_sin), 1)] == [0.3, 1.9]
     t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
     alibi = [round(_bleu(results, "sinusoidal", s) - _bleu(results, "alibi", s), 2) for s in (0, 1)]
     assert t5 == [0.38, 0.91] and alibi == [2.35, 1.37]

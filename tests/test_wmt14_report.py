@@ -233,7 +233,7 @@ def test_the_summary_table_is_the_rendering_of_the_run():
         want = f"{bleu[pe]['mean']:.1f}" + ("" if bleu[pe]["n"] == 1 else f" ± {bleu[pe]['ci95']:.1f}")
         assert cells[2] == want, pe
     n = sum(len(m) for m in results["models"].values())
-    assert f"{n} models, {R.cpu_hours(results):.1f} CPU hours" in text
+    assert f"{n} models, {R.cpu_hours(results):.1f} hours of training and decoding" in text
 
 
 def test_summary_cli_refuses_a_missing_folder_and_wrong_arity(tmp_path, capsys):

@@ -413,7 +413,7 @@ SUMMARY_COLUMNS = (("heldout", "bleu", 1, "in-domain BLEU"), ("heldout", "shuffl
 
 
 def cpu_hours(results: dict) -> float:
-    """Training and decoding time of every model of a run, in hours of one thread (each model ran on one)."""
+    """Training and decoding wall time of every model of a run, summed, in hours (each model ran on one thread)."""
     return sum(r["wall_s"] + sum(t["decode_s"] for t in r["tests"].values())
                for by_seed in results["models"].values() for r in by_seed.values()) / 3600
 
@@ -438,7 +438,8 @@ def summary_markdown(results: dict) -> str:
             cells.append("–" if st is None else f"{st['mean']:.{nd}f}" + ("" if st["n"] == 1 else f" ± {st['ci95']:.{nd}f}"))
         lines.append(f"| `{pe}` | {','.join(seeds)} | {prec} | " + " | ".join(cells) + " |")
     n = sum(len(m) for m in results["models"].values())
-    lines += ["", f"{n} models, {cpu_hours(results):.1f} CPU hours of training and decoding (one thread per model)."]
+    lines += ["", f"{n} models, {cpu_hours(results):.1f} hours of training and decoding summed over the models, each on "
+                  "one thread (wall time: other work on the machine slows it too)."]
     return "\n".join(lines) + "\n"
 
 
