@@ -755,7 +755,7 @@ def _file_system_clis(tmp, monkeypatch):
 
     def extra_run(name, out):  # long_context_extra's model, without the training
         path = Path(out) / f"{name}_seed0.json"
-        if not lc.finished(path, lc.COURSE):
+        if not extra.finished(path, lc.COURSE):
             atomic_write_json(path, {"config": config_of(lc.COURSE)})
         return path
 

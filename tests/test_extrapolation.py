@@ -234,7 +234,7 @@ def test_results_json_schema_and_resume(tmp_path, monkeypatch):
         ("learned", 1), ("alibi", 1), ("rope", 0), ("rope", 1)]  # fmt: skip
 
     # results from another configuration are not silently mixed in
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match="another configuration"):
         ex.pending(replace(TINY, steps=5), ["alibi"], [0], out)
 
     recs = ex.load_results(out)
@@ -500,7 +500,7 @@ def test_records_made_before_a_field_existed_still_resume(tmp_path):
         del rec["config"][k]
     path.write_text(json.dumps(rec))
     assert ex.pending(TINY, ["alibi"], [0], out) == []
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match="another configuration"):
         ex.pending(replace(TINY, stop_at_mastery=False), ["alibi"], [0], out)
 
 

@@ -145,8 +145,8 @@ def test_graph_reads_relative_imports():
     assert "posenc_lib.attention.layer" in graph["posenc_lib.schemes.rotary"]  # imported inside the module
     assert "posenc_lib.experiments.wmt14.pipeline" in graph["posenc_lib.experiments.wmt14.calibrate"]
     assert "posenc_lib.experiments.wmt14.pipeline" not in graph["posenc_lib.experiments.wmt14.train"]
-    # long_context reads the shipped text through wmt14.data, which runs the wmt14 package's __init__
-    assert "posenc_lib.experiments.wmt14" in graph["posenc_lib.experiments.long_context"]
+    # the character LM reads the shipped text through wmt14.data, which runs the wmt14 package's __init__
+    assert "posenc_lib.experiments.wmt14" in graph["posenc_lib.experiments.charlm"]
     # a module never counts the package it sits in
     assert "posenc_lib.experiments.wmt14" not in graph["posenc_lib.experiments.wmt14.calibrate"]
 

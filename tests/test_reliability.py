@@ -683,7 +683,7 @@ def test_rope_variants_locks_its_folder_counts_duplicates_once_and_says_how_to_r
     monkeypatch.setattr(rv, "train_one", interrupted)
     argv = ["--models", "nope", "--seeds", "1", "--out", str(tmp_path / "rv")]
     code, lines = run_cli(rv.main, argv)
-    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted:") and "--resume" in lines[0], lines
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted:") and "same command again" in lines[0], lines
     assert not (tmp_path / "rv" / LOCK_NAME).exists()
     holder = os.getppid()  # a living process
     (tmp_path / "rv" / LOCK_NAME).write_text(json.dumps({"pid": holder, "start": _process_start(holder)}))

@@ -39,7 +39,7 @@ def test_extrapolation_resume_refuses_another_configuration(tmp_path):
     cfg = ex.PROFILES["smoke"]
     other = asdict(cfg) | {"lr": cfg.lr * 2}
     (tmp_path / "none_seed0.json").write_text(json.dumps({"config": other, "profile": "smoke"}))
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match="another configuration"):
         ex.pending(cfg, ["none"], [0], tmp_path)
 
 
