@@ -683,7 +683,7 @@ def _make_state(out, state, files):
     """Put ``out`` in a drawn state; returns the lock file's content if a live process holds it."""
     import json as _json
 
-    from posenc_lib.utils import LOCK_NAME, _process_start
+    from posenc_lib.files import LOCK_NAME, process_start
 
     if state == "file":
         out.write_text("a file where a folder belongs\n")
@@ -694,7 +694,7 @@ def _make_state(out, state, files):
         (out / name).write_text(f"the user's own {name}\n")
     if state in ("stale_lock", "live_lock"):
         pid = os.getppid() if state == "live_lock" else 2**22 + 12345  # no such process (above Linux's pid_max)
-        text = _json.dumps({"pid": pid, "start": _process_start(pid) if state == "live_lock" else None,
+        text = _json.dumps({"pid": pid, "start": process_start(pid) if state == "live_lock" else None,
                             "since": "earlier", "command": "another command"})
         (out / LOCK_NAME).write_text(text)
         return text if state == "live_lock" else None
@@ -702,7 +702,7 @@ def _make_state(out, state, files):
 
 
 def _snapshot(root):
-    from posenc_lib.utils import LOCK_NAME
+    from posenc_lib.files import LOCK_NAME
 
     if not root.exists():
         return {}
@@ -730,7 +730,7 @@ def _file_system_clis(tmp, monkeypatch):
     from posenc_lib.experiments import sliding_window as sw
     from posenc_lib.experiments.wmt14 import main as wmt14_main
     from posenc_lib.experiments.wmt14.data import read_parallel
-    from posenc_lib.utils import atomic_write_json
+    from posenc_lib.files import atomic_write_json
 
     src = tmp / "corpus"
     if not src.exists():
@@ -822,7 +822,7 @@ def test_command_lines_never_destroy_what_the_folder_holds(cli, folder, tmp_path
     """Any command that writes a folder, pointed at a folder in a drawn state (missing, a file, empty, holding
     the user's files, locked by a living process or by a dead one): it works or stops with one line, every file
     that was there is byte for byte what it was, and it leaves no lock behind (a living holder's stays)."""
-    from posenc_lib.utils import LOCK_NAME
+    from posenc_lib.files import LOCK_NAME
 
     tmp = tmp_path_factory.mktemp("fs")
     monkeypatch.chdir(tmp)

@@ -36,7 +36,7 @@ from posenc_lib.experiments import long_context_scaled as lcs
 from posenc_lib.experiments import passkey_trained as pkt
 from posenc_lib.experiments import rope_variants as rv
 from posenc_lib.experiments import sliding_window as sw
-from posenc_lib.utils import LOCK_NAME, _process_start
+from posenc_lib.files import LOCK_NAME, process_start
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_SEED = 2**32 - 1
@@ -160,7 +160,7 @@ def test_a_locked_ckpt_leaves_no_out_folder(cli, tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
     pid = os.getppid()  # a living process that is not this one
-    (ck / LOCK_NAME).write_text(json.dumps({"pid": pid, "start": _process_start(pid), "since": "earlier",
+    (ck / LOCK_NAME).write_text(json.dumps({"pid": pid, "start": process_start(pid), "since": "earlier",
                                             "command": "another command"}))
     line = refused(CKPT_CLIS[cli], ["--seeds", "0", "--out", "new/o", "--ckpt", "ck"], tmp_path)
     assert "being written by another process" in line, line

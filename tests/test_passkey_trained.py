@@ -11,7 +11,7 @@ from posenc_lib.experiments import charlm
 from posenc_lib.experiments import long_context as lc
 from posenc_lib.experiments import long_context_scaled as ls
 from posenc_lib.experiments import passkey_trained as pt
-from posenc_lib.utils import set_seed
+from posenc_lib.seeds import set_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = pt.PROFILES["smoke"]

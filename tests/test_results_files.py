@@ -8,7 +8,7 @@ import pytest
 
 from posenc_lib.experiments import extrapolation as ex
 from posenc_lib.experiments import long_context as longctx
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 
 @pytest.mark.parametrize("content", [b'{"schema": "posenc', b"", b"\xff\xfe not utf-8", b"{1: 2}"])

@@ -58,17 +58,16 @@ def cells(out: Path, seeds, config: dict, phase: int = 0) -> list[runner.Cell]:
     return [runner.Cell(out / f"m_seed{s}.json", make, (str(out / f"m_seed{s}.json"), s, config), phase) for s in seeds]
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_a_grid_runs_each_cell_once_writes_at_once_and_resumes(tmp_path, jobs):
+def test_a_grid_runs_each_cell_once_writes_at_once_and_resumes(tmp_path):
     config, logs = {"name": "t", "steps": 3}, []
-    ran = runner.run_grid(cells(tmp_path, [0, 1, 1], config), out=tmp_path, schema=SCHEMA, config=config, jobs=jobs,
+    ran = runner.run_grid(cells(tmp_path, [0, 1, 1], config), out=tmp_path, schema=SCHEMA, config=config,
                           log=logs.append)
     assert len(ran) == 2 and sorted(logs) == ["done seed 0", "done seed 1"]
     recs = runner.load_results(tmp_path, SCHEMA)
     assert [r["value"] for r in recs] == [0, 2]
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     logs.clear()
-    ran = runner.run_grid(cells(tmp_path, [0, 1, 2], config), out=tmp_path, schema=SCHEMA, config=config, jobs=jobs,
+    ran = runner.run_grid(cells(tmp_path, [0, 1, 2], config), out=tmp_path, schema=SCHEMA, config=config,
                           log=logs.append)
     assert [c.args[1] for c in ran] == [2] and logs == [f"skipping 2 finished result(s) in {tmp_path}", "done seed 2"]
     assert all((tmp_path / name).read_bytes() == data for name, data in before.items())

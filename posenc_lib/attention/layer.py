@@ -71,7 +71,8 @@ from torch.utils.checkpoint import checkpoint
 from . import cpu_flash
 from .step import append_to_cache, cached_len, cross_attention, cross_step, self_attention_step, takes_self_step
 from .inputs import check_attention_call, check_positions, merge_masks  # noqa: F401 (the schemes import them here)
-from ..utils import check_bool, check_divides, check_float_range, check_positive_int, diagonal_sums, fill_closed_
+from ..checks import check_bool, check_divides, check_float_range, check_positive_int
+from ..utils import diagonal_sums, fill_closed_
 
 #: An attention call whose ``(batch, heads, q_len, k_len)`` scores would hold more than this many
 #: elements, and that would keep them for the backward pass (score or value terms, or a bias that needs

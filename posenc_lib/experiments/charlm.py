@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import set_seed
+from ..seeds import set_seed
 from . import runner
 from .wmt14.data import SHIPPED_DIR, find_file, read_lines
 

@@ -54,7 +54,10 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import CliParser, atomic_write_json, check_positive_int, read_json, set_seed, timing_command, unique_choices
+from ..checks import check_positive_int, unique_choices
+from ..cli import CliParser, timing_command
+from ..files import atomic_write_json, read_json
+from ..seeds import set_seed
 from . import runner
 from .charlm import lr_at
 

@@ -46,7 +46,9 @@ import numpy as np
 import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
-from ..utils import CliParser, atomic_write_json, check_positive_int, timing_command, unique_choices
+from ..checks import check_positive_int, unique_choices
+from ..cli import CliParser, timing_command
+from ..files import atomic_write_json
 from . import charlm, runner
 from . import inside_tools as tools
 

@@ -41,7 +41,10 @@ from typing import Sequence
 import torch
 
 from ..models.causal_lm import CausalLM
-from ..utils import CliParser, atomic_torch_save, atomic_write_json, check_positive_int, load_weights, set_seed
+from ..checks import check_positive_int
+from ..cli import CliParser
+from ..files import atomic_torch_save, atomic_write_json, load_weights
+from ..seeds import set_seed
 from . import runner
 from .charlm import RECORDS, data, evaluate, load_results, ppl_line, record, summarize, train_at_length, train_steps
 from .charlm import SCHEMA, load_text  # noqa: F401 (this experiment's record format and text, read by lesson 10)

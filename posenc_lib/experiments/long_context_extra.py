@@ -25,7 +25,9 @@ from typing import Sequence
 import torch
 
 from ..models.causal_lm import CausalLM
-from ..utils import CliParser, atomic_write_json, read_json, set_seed
+from ..cli import CliParser
+from ..files import atomic_write_json, read_json
+from ..seeds import set_seed
 from . import charlm, runner
 from . import long_context as longctx
 

@@ -52,7 +52,10 @@ from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, atomic_write_json, set_seed, unique_choices
+from ..checks import unique_choices
+from ..cli import CliParser
+from ..files import atomic_write_json
+from ..seeds import set_seed
 from . import charlm, runner
 from . import long_context as lc
 

@@ -44,7 +44,9 @@ from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, atomic_write_json, check_float_range, check_positive_int, unique_choices
+from ..checks import check_float_range, check_positive_int, unique_choices
+from ..cli import CliParser
+from ..files import atomic_write_json
 from . import charlm, runner
 from . import long_context as lc
 from . import long_context_scaled as ls

@@ -39,7 +39,8 @@ import torch
 
 from ..models.causal_lm import CausalLM
 from ..schemes.rope_spectrum import rotary_pairs
-from ..utils import CliParser, atomic_write_json, timing_command
+from ..cli import CliParser, timing_command
+from ..files import atomic_write_json
 from . import charlm, runner
 from . import long_context as lc
 

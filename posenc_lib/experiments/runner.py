@@ -32,8 +32,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..utils import (INTERRUPTED, FolderLock, check_folder_path, check_positive_int, interrupted_message,
-                     parse_seed_list, read_json, removed_if_left_empty, run_calls, set_seed, settings_diff)
+from ..checks import check_positive_int
+from ..cli import INTERRUPTED, interrupted_message, settings_diff
+from ..files import FolderLock, check_folder_path, read_json, removed_if_left_empty
+from ..pool import run_calls
+from ..seeds import parse_seed_list, set_seed
 
 #: ``--resume`` of every experiment's command line
 RESUME_HELP = ("accepted and changes nothing: the same command always resumes (finished result files made with "

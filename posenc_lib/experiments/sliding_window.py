@@ -39,7 +39,9 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..utils import CliParser, atomic_write_json, unique_choices
+from ..checks import unique_choices
+from ..cli import CliParser
+from ..files import atomic_write_json
 from . import charlm, runner
 from . import long_context as lc
 

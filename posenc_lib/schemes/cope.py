@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ..attention.layer import PositionScheme
-from ..utils import check_positive_int
+from ..checks import check_positive_int
 
 
 def cope_positions(q, k, q_pos, k_pos, scale: float, causal: bool = True) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .rotary import apply_rope_cos_sin, rope_cos_sin
-from ..utils import check_even, check_positive_int
+from ..checks import check_even, check_positive_int
 
 __all__ = ["LatentAttention", "kv_cache_elements", "CACHE_KINDS"]
 

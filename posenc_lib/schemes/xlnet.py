@@ -33,7 +33,8 @@ from torch import nn
 
 from ..attention.layer import PositionScheme, check_positions, on_host
 from ..attention.step import distance_table
-from ..utils import check_even, check_float_range, check_position_tensor, fill_closed_
+from ..checks import check_even, check_float_range, check_position_tensor
+from ..utils import fill_closed_
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:
