@@ -272,5 +272,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["LongContextConfig", "PROFILES", "METHODS", "scalings", "models", "run_all", "load_results",
-           "summarize", "evaluate"]  # fmt: skip
+__all__ = ["LongContextConfig", "PROFILES", "METHODS", "scalings", "models", "run_all"]  # records: charlm.load_results
