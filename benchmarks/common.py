@@ -18,9 +18,9 @@ import torch
 
 from posenc_lib import PE_TYPES, SURVEY_TYPES, build_model, set_seed
 from posenc_lib.schemes import registry
-from posenc_lib.utils import available_cores
+from posenc_lib.pool import available_cores
 from posenc_lib.schemes.shaw import ShawRelative
-from posenc_lib.utils import check_divides, check_float_range, check_int_range
+from posenc_lib.checks import check_divides, check_float_range, check_int_range
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

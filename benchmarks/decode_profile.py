@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 from posenc_lib import PE_TYPES, greedy_decode
-from posenc_lib.utils import INTERRUPTED, CliParser, atomic_write_json, check_folder_path, interrupted_message
+from posenc_lib.cli import INTERRUPTED, CliParser, interrupted_message
+from posenc_lib.files import atomic_write_json, check_folder_path
 
 from .common import BenchConfig, available_cores, check_schemes, log, machine_info, make_model, random_tokens
 

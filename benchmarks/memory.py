@@ -21,7 +21,7 @@ import resource
 import subprocess
 import sys
 
-from posenc_lib.utils import CliParser
+from posenc_lib.cli import CliParser
 
 from .common import BenchConfig, check_schemes, log
 
@@ -146,7 +146,7 @@ def _main(argv=None) -> None:
         p.error(f"--worker/--config: {e}")
     if a.threads <= 0:
         p.error(f"--threads must be a positive integer, got {a.threads}")
-    from posenc_lib.utils import die_with_parent
+    from posenc_lib.pool import die_with_parent
 
     die_with_parent(os.getppid())  # a killed benchmark takes its measuring process with it
     print(json.dumps(worker(pe, cfg, a.threads)))

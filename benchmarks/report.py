@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from posenc_lib.utils import atomic_write_text
+from posenc_lib.files import atomic_write_text
 
 #: targets (CPU, training-step ratio to ``none`` at length 256) the implementations aim for
 TARGETS_256 = {"sinusoidal": 1.02, "rope": 1.10, "alibi": 1.15, "t5": 1.25, "shaw": 1.5, "xlnet": 1.7, "deberta": 1.9}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from posenc_lib.utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message,
-                              refuse_overwrite, removed_if_left_empty)
+from posenc_lib.cli import INTERRUPTED, CliParser, interrupted_message
+from posenc_lib.files import FolderLock, atomic_write_json, refuse_overwrite, removed_if_left_empty
 
 from .common import (
     ALL_SCHEMES, DTYPES, BenchConfig, attention_settings, available_cores, check_schemes, log, machine_info,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posenc_lib.utils import CliParser
+from posenc_lib.cli import CliParser
 
 from .common import available_cores, check_schemes
 

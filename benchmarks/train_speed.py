@@ -199,13 +199,14 @@ def run_candidate(cand, *, pe: str, warm: int, updates: int, profile: bool = Fal
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:
-        from posenc_lib.utils import die_with_parent
+        from posenc_lib.pool import die_with_parent
 
         die_with_parent(os.getppid())  # a killed benchmark takes its measuring processes with it
         print(json.dumps(worker(json.loads(argv[1]))))
         return 0
-    from posenc_lib.utils import (INTERRUPTED, CliParser, atomic_write_json, available_cores, check_file_path,
-                                  interrupted_message)
+    from posenc_lib.cli import INTERRUPTED, CliParser, interrupted_message
+    from posenc_lib.files import atomic_write_json, check_file_path
+    from posenc_lib.pool import available_cores
 
     ap = CliParser(prog="python -m benchmarks.train_speed", description=__doc__.splitlines()[0])
     ap.add_argument("--updates", type=int, default=40, help="timed updates per model (default 40)")

@@ -52,7 +52,8 @@ def lessons(root: Path = ROOT) -> list[Path]:
 
 
 #: the library's parts in the order the sidebar lists them (a folder of posenc_lib, or a top-level module)
-PARTS = ("schemes", "attention", "models", "experiments", "course", "utils")
+PARTS = ("schemes", "attention", "models", "experiments", "course", "checks", "seeds", "files", "pool", "cli",
+         "stats", "utils")
 
 
 def modules(root: Path = ROOT) -> list[str]:
@@ -331,7 +332,7 @@ def build(out: Path = DEFAULT_OUT, quiet: bool = True, overwrite: bool = False) 
     ``FileExistsError`` (before anything is written) if ``out`` holds a ``src``, ``html``, ``doctrees`` or
     ``warnings.txt`` that no earlier build made, unless ``overwrite``.
     """
-    from posenc_lib.utils import FolderLock
+    from posenc_lib.files import FolderLock
 
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
@@ -363,7 +364,7 @@ def _build(out: Path, quiet: bool) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from posenc_lib.utils import CliParser  # a bad flag is one line, exit status 2
+    from posenc_lib.cli import CliParser  # a bad flag is one line, exit status 2
 
     ap = CliParser(prog="python -m book.build", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: build/book)")

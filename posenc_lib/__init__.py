@@ -27,7 +27,7 @@ from .schemes.xpos import XPos
 from .schemes.shaw import ShawRelative, shaw_key_scores, shaw_value_term
 from .schemes.sinusoidal import SinusoidalScheme, sinusoidal_shift_matrix, sinusoidal_table, sinusoidal_table_2d
 from .schemes.t5 import T5Bias, t5_relative_bucket
-from .utils import set_seed
+from .seeds import set_seed
 from .schemes.xlnet import XLNetRelative, rel_shift, xlnet_sinusoid
 from . import kernels  # noqa: F401,E402 (registers the backends and FlexAttention forms of the schemes above)
 

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -54,13 +55,81 @@ def _on_signal(signum, _frame):
     raise Stopped(signum)
 
 
-def __getattr__(name: str):
-    """``ex``, the extrapolation module, imported when first used: usage, refusals and nesting answer without torch."""
-    if name == "ex":
-        from posenc_lib.experiments import extrapolation
+def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: str | Path = "/proc") -> list[dict]:
+    """This machine's running training processes (the extrapolation command line) that write under ``folder`` (as
+    given to ``--out``), each as ``{"pid", "out", "models", "workers"}``: ``models`` are the records in training,
+    relative to ``folder`` (the first ``--jobs`` of those not yet written, in the order the run takes them),
+    ``workers`` the pids of its descendants (the worker processes of ``--jobs N``).  A relative ``--out`` is read
+    from the training process's working folder (``/proc/PID/cwd``; this process's where that cannot be read), a
+    relative ``folder`` from this process's.  Reads Linux's ``/proc``; elsewhere it finds none."""
+    from posenc_lib.experiments.extrapolation import all_runs, parse_list, run_name
 
-        return extrapolation
-    raise AttributeError(name)
+    proc, found = Path(proc), []
+    folder = (Path.cwd() / folder).resolve()  # an absolute folder stays itself
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat") if proc.is_dir() else []:
+        try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+
+    def descendants(pid: int) -> list[int]:
+        return [d for c in sorted(children.get(pid, [])) for d in (c, *descendants(c))]
+
+    for entry in sorted(proc.iterdir(), key=lambda e: e.name) if proc.is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "posenc_lib.experiments.extrapolation" not in args or not any(a == "--out" for a in args):
+            continue
+        opts = dict(zip(args, args[1:]))
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            cwd = Path.cwd()
+        out = (cwd / opts["--out"]).resolve()
+        if not (out == folder or folder in out.parents):
+            continue
+        pe_arg = opts.get("--pe", "all")
+        try:
+            pes = all_runs(opts.get("--arch", "encdec")) if pe_arg.strip().lower() == "all" else \
+                [run_name(x) for x in parse_list(pe_arg, "--pe")]
+        except (TypeError, ValueError):
+            pes = []
+        seeds = [seed.strip() for seed in opts.get("--seeds", "0,1,2").split(",")]
+        todo = [path.relative_to(folder).as_posix() for pe in pes for seed in seeds   # run_all's order
+                for path in [out / f"{pe}_seed{seed}.json"] if not path.exists()]
+        jobs = int(opts["--jobs"]) if opts.get("--jobs", "").isdigit() else 1
+        found.append({"pid": int(entry.name), "out": opts["--out"], "models": todo[:max(jobs, 1)],
+                      "workers": descendants(int(entry.name))})
+    return found
+
+
+def record_pause(folder: str | Path, seconds: float, start: str, end: str, models: Sequence[str]) -> dict:
+    """Append one pause to ``folder/paused.json`` (made if missing, written atomically) and return the file's content.
+
+    ``models`` are the records in training during the pause, relative to ``folder`` (``TASK/ARCH/RUN_seedS.json``),
+    ``start`` and ``end`` its UTC times.  A file in the older single-pause layout is rewritten as a list."""
+    from posenc_lib.experiments.extrapolation import PAUSE_NOTE
+    from posenc_lib.files import atomic_write_json, read_json
+
+    folder = Path(folder)
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0):
+        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
+    bad = [m for m in models if not (isinstance(m, str) and m.endswith(".json") and m.count("/") == 2)]
+    if bad:
+        raise ValueError(f"models must be records relative to {folder} (TASK/ARCH/RUN_seedS.json), got {bad!r}")
+    path = folder / "paused.json"
+    data = read_json(path) if path.is_file() else {"what": PAUSE_NOTE, "pauses": []}
+    if "pauses" not in data:  # the older layout: one pause at the top level
+        data = {"what": data.get("what", PAUSE_NOTE),
+                "pauses": [{k: data[k] for k in ("paused_seconds", "from", "to", "models")}]}
+    data["pauses"].append({"paused_seconds": round(seconds), "from": start, "to": end, "models": list(models)})
+    atomic_write_json(path, data)
+    return data
 
 
 def utc_now() -> str:
@@ -191,9 +260,7 @@ def main(argv: list[str]) -> int:
 
 
 def _paused(argv: list[str]) -> int:
-    from posenc_lib.experiments import extrapolation as ex
-
-    procs = [(folder, p) for folder in FOLDERS for p in ex.budget_processes(folder)]
+    procs = [(folder, p) for folder in FOLDERS for p in budget_processes(folder)]
     left = [p["pid"] for _, p in procs if _stat(p["pid"])[:1] == ["T"]]
     if left:
         print(f"note: budget training pid {', '.join(map(str, left))} was already stopped (left so by a "
@@ -233,7 +300,7 @@ def _paused(argv: list[str]) -> int:
             models = [m for f, p in stopped if f == folder for m in p["models"]]
             if models:
                 try:
-                    ex.record_pause(folder, seconds, start, end, models)
+                    record_pause(folder, seconds, start, end, models)
                     named += [f"{folder.name}/{m}" for m in models]
                     recorded.append(str(folder / "paused.json"))
                 except (OSError, ValueError) as err:  # the command ran: say what to add rather than a traceback

@@ -678,7 +678,7 @@ def _make_state(out, state, files):
     """Put ``out`` in a drawn state; returns the lock file's content if a live process holds it."""
     import json as _json
 
-    from posenc_lib.utils import LOCK_NAME, _process_start
+    from posenc_lib.files import LOCK_NAME, process_start
 
     if state == "file":
         out.write_text("a file where a folder belongs\n")
@@ -689,7 +689,7 @@ def _make_state(out, state, files):
         (out / name).write_text(f"the user's own {name}\n")
     if state in ("stale_lock", "live_lock"):
         pid = os.getppid() if state == "live_lock" else 2**22 + 12345  # no such process (above Linux's pid_max)
-        text = _json.dumps({"pid": pid, "start": _process_start(pid) if state == "live_lock" else None,
+        text = _json.dumps({"pid": pid, "start": process_start(pid) if state == "live_lock" else None,
                             "since": "earlier", "command": "another command"})
         (out / LOCK_NAME).write_text(text)
         return text if state == "live_lock" else None
@@ -697,7 +697,7 @@ def _make_state(out, state, files):
 
 
 def _snapshot(root):
-    from posenc_lib.utils import LOCK_NAME
+    from posenc_lib.files import LOCK_NAME
 
     if not root.exists():
         return {}
@@ -725,7 +725,7 @@ def _file_system_clis(tmp, monkeypatch):
     from posenc_lib.experiments import sliding_window as sw
     from posenc_lib.experiments.wmt14 import main as wmt14_main
     from posenc_lib.experiments.wmt14.data import read_parallel
-    from posenc_lib.utils import atomic_write_json
+    from posenc_lib.files import atomic_write_json
 
     src = tmp / "corpus"
     if not src.exists():
@@ -750,7 +750,7 @@ def _file_system_clis(tmp, monkeypatch):
 
     def extra_run(name, out):  # long_context_extra's model, without the training
         path = Path(out) / f"{name}_seed0.json"
-        if not lc.finished(path, lc.COURSE):
+        if not extra.finished(path, lc.COURSE):
             atomic_write_json(path, {"config": config_of(lc.COURSE)})
         return path
 
@@ -817,7 +817,7 @@ def test_command_lines_never_destroy_what_the_folder_holds(cli, folder, tmp_path
     """Any command that writes a folder, pointed at a folder in a drawn state (missing, a file, empty, holding
     the user's files, locked by a living process or by a dead one): it works or stops with one line, every file
     that was there is byte for byte what it was, and it leaves no lock behind (a living holder's stays)."""
-    from posenc_lib.utils import LOCK_NAME
+    from posenc_lib.files import LOCK_NAME
 
     tmp = tmp_path_factory.mktemp("fs")
     monkeypatch.chdir(tmp)

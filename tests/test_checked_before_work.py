@@ -26,6 +26,7 @@ import benchmarks.decode_profile as dp
 import benchmarks.memory as bm
 import benchmarks.run as br
 import benchmarks.train_speed as ts
+from posenc_lib.experiments import charlm, runner
 from posenc_lib.experiments import cope_counting as cc
 from posenc_lib.experiments import extrapolation as ex
 from posenc_lib.experiments import inside as ins
@@ -35,7 +36,7 @@ from posenc_lib.experiments import long_context_scaled as lcs
 from posenc_lib.experiments import passkey_trained as pkt
 from posenc_lib.experiments import rope_variants as rv
 from posenc_lib.experiments import sliding_window as sw
-from posenc_lib.utils import LOCK_NAME, _process_start
+from posenc_lib.files import LOCK_NAME, process_start
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_SEED = 2**32 - 1
@@ -52,10 +53,10 @@ def _work(*args, **kwargs):
 @pytest.fixture(autouse=True)
 def no_work(monkeypatch, tmp_path):
     """Stub out training, data reading and measuring; run in tmp_path (relative --out land there)."""
-    for mod in (ex, cc, ins, lc, lcs, pkt, rv):
-        monkeypatch.setattr(mod, "run_calls", _work)
-    monkeypatch.setattr(lc, "data", _work)
-    monkeypatch.setattr(lc, "load_text", _work)
+    monkeypatch.setattr(runner, "run_calls", _work)
+    for mod in (lc, charlm):
+        monkeypatch.setattr(mod, "data", _work)
+        monkeypatch.setattr(mod, "load_text", _work)
     monkeypatch.setattr(sw, "read_model", _work)
     monkeypatch.setattr(br, "_run", _work)
     monkeypatch.setattr(dp, "profile_scheme", _work)
@@ -159,7 +160,7 @@ def test_a_locked_ckpt_leaves_no_out_folder(cli, tmp_path):
     ck = tmp_path / "ck"
     ck.mkdir()
     pid = os.getppid()  # a living process that is not this one
-    (ck / LOCK_NAME).write_text(json.dumps({"pid": pid, "start": _process_start(pid), "since": "earlier",
+    (ck / LOCK_NAME).write_text(json.dumps({"pid": pid, "start": process_start(pid), "since": "earlier",
                                             "command": "another command"}))
     line = refused(CKPT_CLIS[cli], ["--seeds", "0", "--out", "new/o", "--ckpt", "ck"], tmp_path)
     assert "being written by another process" in line, line
@@ -206,7 +207,7 @@ def test_inside_names_the_field_that_differs(tmp_path):
 
 @pytest.mark.parametrize("cli", ["long_context", "rope_variants", "sliding_window"])
 def test_character_models_name_the_field_that_differs(cli, tmp_path):
-    """lc.finished, shared by these, said "(profile 'smoke', now 'smoke')"; long_context and sliding_window also
+    """The configuration check, shared by these, said "(profile 'smoke', now 'smoke')"; long_context and sliding_window also
     left the new --ckpt folder behind, empty."""
     main, cfg, path = {
         "long_context": (lc.main, lc.SMOKE, lc.result_path(tmp_path / "o", "rope", 0)),

@@ -108,39 +108,37 @@ def test_smoke_run_end_to_end_resume_and_refusals(tmp_path):
     row = data["summary"]["cope"]["in_range"]
     accs = [r["eval"]["in_range"]["accuracy"] for r in data["records"] if r["model"] == "cope"]
     assert row["min"] == min(accs) and row["max"] == max(accs) and abs(row["mean"] - sum(accs) / 2) < 1e-4
-    # without --resume a folder holding results is refused, and nothing in it changes
+    # the same call again resumes: finished files are skipped; a new model is added and the summary waits for
+    # its second seed
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(FileExistsError, match="already holds results.*pass --resume"):
-        cc.run_all(cfg, [0], out, names=["rope"], log=logs.append)
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # with it, finished files are skipped; a new model is added and the summary waits for its second seed
     logs.clear()
-    assert cc.run_all(cfg, [0], out, names=["cope", "rope"], resume=True, log=logs.append) is None
+    assert cc.run_all(cfg, [0], out, names=["cope", "rope"], log=logs.append) is None
     assert logs[0] == f"skipping 1 finished result(s) in {out}" and logs[1].startswith("done rope seed 0")
     assert (out / "cope_seed0.json").read_bytes() == before["cope_seed0.json"]
     assert cc.read_results(out / "results.json")["models"] == ["cope", "none"]  # the old summary stays until complete
-    assert cc.run_all(cfg, [1], out, names=["rope"], resume=True, log=logs.append) == out / "results.json"
+    assert cc.run_all(cfg, [1], out, names=["rope"], log=logs.append) == out / "results.json"
     assert cc.read_results(out / "results.json")["models"] == ["cope", "none", "rope"]
-    # another configuration is refused, with the profile that made the folder
-    with pytest.raises(ValueError, match=r"another configuration \(profile 'smoke', differing in .*d_model.*\) than "
-                                         r"this run's \(profile 'course'\); pass --profile smoke to continue it"):
-        cc.run_all(cc.COURSE, [0], out, names=["rope"], resume=True, log=logs.append)
-    with pytest.raises(ValueError, match=r"differing in steps \d+ \(now 21\)\) than this run's \(profile 'smoke'\); "
-                                         r"pass --profile smoke"):
-        cc.run_all(replace(cfg, steps=21), [0], out, names=["rope"], resume=True, log=logs.append)
+    # another configuration is refused, with the profile that made the folder, and nothing in it changes
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ValueError, match=r"another configuration: name 'smoke' \(now 'course'\), .*d_model.*; pass "
+                                         r"another --out folder, or --profile smoke to continue it"):
+        cc.run_all(cc.COURSE, [0], out, names=["rope"], log=logs.append)
+    with pytest.raises(ValueError, match=r"another configuration: steps \d+ \(now 21\); .*--profile smoke"):
+        cc.run_all(replace(cfg, steps=21), [0], out, names=["rope"], log=logs.append)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     custom = replace(cfg, name="mine", steps=21)  # settings no profile has: the fix is to restore them
     cc.run_all(custom, [0], tmp_path / "mine", names=["none"], log=logs.append)
-    with pytest.raises(ValueError, match=r"profile 'mine', differing in name 'mine' \(now 'smoke'\), steps 21 \(now \d+\)"
-                                         r".*restore the settings it was made with"):
-        cc.run_all(cfg, [0], tmp_path / "mine", names=["none"], resume=True, log=logs.append)
+    with pytest.raises(ValueError, match=r"name 'mine' \(now 'smoke'\), steps 21 \(now \d+\)"
+                                         r".*or the settings it was made with"):
+        cc.run_all(cfg, [0], tmp_path / "mine", names=["none"], log=logs.append)
 
 
 def test_command_line_runs_refuses_and_resumes(tmp_path, capsys):
     out = str(tmp_path / "o")
     assert cc.main(["--profile", "smoke", "--pe", "alibi", "--seeds", "0", "--out", out]) == 0
     assert "summary:" in capsys.readouterr().out
-    assert cc.main(["--profile", "smoke", "--pe", "alibi", "--seeds", "0", "--out", out]) == 2
-    assert "pass --resume" in capsys.readouterr().err
+    assert cc.main(["--profile", "smoke", "--pe", "alibi", "--seeds", "0", "--out", out]) == 0
+    assert "skipping 1 finished" in capsys.readouterr().out
     assert cc.main(["--profile", "smoke", "--models", "alibi", "--seeds", "0", "--out", out, "--resume"]) == 0
     assert "skipping 1 finished" in capsys.readouterr().out
     assert cc.main(["--profile", "course", "--pe", "alibi", "--seeds", "0", "--out", out, "--resume"]) == 2

@@ -269,11 +269,11 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
     def locked():
         import os as _os
 
-        from posenc_lib.utils import FolderLock, _process_start
+        from posenc_lib.files import FolderLock, process_start
 
         holder = _os.getppid()  # a living process other than this one
         (tmp_path / "lk").mkdir()
-        (tmp_path / "lk" / ".posenc-lock").write_text(json.dumps({"pid": holder, "start": _process_start(holder)}))
+        (tmp_path / "lk" / ".posenc-lock").write_text(json.dumps({"pid": holder, "start": process_start(holder)}))
         return FolderLock(tmp_path / "lk").acquire()
 
     def checkpoint_without_resume():
@@ -302,19 +302,19 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         raise ValueError(br._other_model(tmp_path / "bench", ["train"], BenchConfig()))
 
     def would_replace():
-        from posenc_lib.utils import refuse_overwrite
+        from posenc_lib.files import refuse_overwrite
 
         (tmp_path / "train.json").write_text("{}")
         return refuse_overwrite([tmp_path / "train.json"])
 
     def under_a_file():
-        from posenc_lib.utils import check_folder_path
+        from posenc_lib.files import check_folder_path
 
         (tmp_path / "afile").write_text("mine")
         return check_folder_path(tmp_path / "afile" / "sub", "--out")
 
     def folder_for_a_file():
-        from posenc_lib.utils import check_file_path
+        from posenc_lib.files import check_file_path
 
         return check_file_path(tmp_path, "--out")
 
@@ -338,7 +338,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         raise RuntimeError(f"exit {code}: {err.getvalue().strip()}")
 
     def damaged_weights():
-        from posenc_lib.utils import load_weights
+        from posenc_lib.files import load_weights
 
         (tmp_path / "w.pt").write_bytes(b"cut off")
         return load_weights(tmp_path / "w.pt")
@@ -367,7 +367,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         import subprocess
         import sys
 
-        from posenc_lib.utils import FolderLock
+        from posenc_lib.files import FolderLock
 
         gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                                   text=True, check=True).stdout)

@@ -9,6 +9,8 @@ import torch
 from posenc_lib import PE_TYPES
 from posenc_lib.experiments import extrapolation as ex
 
+ROOT = Path(__file__).resolve().parent.parent
+
 TINY = ex.ExtrapolationConfig(
     name="tiny", train_min_len=2, train_max_len=6, test_lengths=(4, 6, 12), d_model=16, n_heads=2, num_layers=1,
     dim_feedforward=32, steps=4, batch_size=8, lr=3e-3, warmup=2, eval_examples=6, eval_batch_size=4,
@@ -234,7 +236,7 @@ def test_results_json_schema_and_resume(tmp_path, monkeypatch):
         ("learned", 1), ("alibi", 1), ("rope", 0), ("rope", 1)]  # fmt: skip
 
     # results from another configuration are not silently mixed in
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match="another configuration"):
         ex.pending(replace(TINY, steps=5), ["alibi"], [0], out)
 
     recs = ex.load_results(out)
@@ -500,7 +502,7 @@ def test_records_made_before_a_field_existed_still_resume(tmp_path):
         del rec["config"][k]
     path.write_text(json.dumps(rec))
     assert ex.pending(TINY, ["alibi"], [0], out) == []
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match="another configuration"):
         ex.pending(replace(TINY, stop_at_mastery=False), ["alibi"], [0], out)
 
 
@@ -521,7 +523,7 @@ def test_mastery_summary_and_position_profile_read_the_records(tmp_path):
     with pytest.raises(ValueError, match="was not tested"):
         ex.position_profile(recs, 5)
     s = ex.summarize(recs)
-    from posenc_lib.utils import interval95
+    from posenc_lib.stats import interval95
     vals = [next(row["exact_match"] for row in r["eval"] if row["length"] == 4) for r in recs if r["pe"] == "rope"]
     assert s["rope"]["ci95"][0] == pytest.approx(interval95(vals)[1], nan_ok=True)
     old = ex.load_results(tmp_path)
@@ -584,32 +586,44 @@ def test_training_minutes_subtract_every_recorded_pause(tmp_path):
     assert ex.training_minutes(tmp_path)["reverse/decoder/rope_seed0.json"] == 4.0
 
 
+def _pause_script():
+    """scripts/with_budget_paused.py as a module: the tooling that pauses lesson 13's budget runs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("with_budget_paused", ROOT / "scripts" / "with_budget_paused.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
 def test_record_pause_appends_and_training_minutes_read_it(tmp_path):
     import json
+
+    paused = _pause_script()
 
     rec = tmp_path / "reverse" / "decoder" / "none_seed3.json"
     rec.parent.mkdir(parents=True)
     rec.write_text(json.dumps({"train": {"seconds": 400.0}}))
-    data = ex.record_pause(tmp_path, 100.4, "a", "b", ["reverse/decoder/none_seed3.json"])
+    data = paused.record_pause(tmp_path, 100.4, "a", "b", ["reverse/decoder/none_seed3.json"])
     assert data["pauses"] == [{"paused_seconds": 100, "from": "a", "to": "b", "models": ["reverse/decoder/none_seed3.json"]}]
-    ex.record_pause(tmp_path, 20, "c", "d", ["reverse/decoder/none_seed3.json"])
+    paused.record_pause(tmp_path, 20, "c", "d", ["reverse/decoder/none_seed3.json"])
     assert ex.training_minutes(tmp_path) == {"reverse/decoder/none_seed3.json": 280.0 / 60}
     assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["paused.json"]   # no temporary file left
     # the older single-pause layout becomes a list, its pause kept
     (tmp_path / "paused.json").write_text(json.dumps({"what": "w", "paused_seconds": 60, "from": "e", "to": "f",
                                                       "models": ["reverse/decoder/none_seed3.json"]}))
-    data = ex.record_pause(tmp_path, 30, "g", "h", ["reverse/decoder/none_seed3.json"])
+    data = paused.record_pause(tmp_path, 30, "g", "h", ["reverse/decoder/none_seed3.json"])
     assert data["what"] == "w" and [p["paused_seconds"] for p in data["pauses"]] == [60, 30]
     for bad_seconds in (-1, "5", True):
         with pytest.raises(ValueError, match="seconds"):
-            ex.record_pause(tmp_path, bad_seconds, "a", "b", ["reverse/decoder/none_seed3.json"])
+            paused.record_pause(tmp_path, bad_seconds, "a", "b", ["reverse/decoder/none_seed3.json"])
     with pytest.raises(ValueError, match="none_seed3"):
-        ex.record_pause(tmp_path, 1, "a", "b", ["none_seed3"])
+        paused.record_pause(tmp_path, 1, "a", "b", ["none_seed3"])
     assert [p["paused_seconds"] for p in json.loads((tmp_path / "paused.json").read_text())["pauses"]] == [60, 30]
 
 
 def test_budget_processes_find_the_models_each_run_is_training(tmp_path):
-    proc, folder = tmp_path / "proc", tmp_path / "budget"
+    proc, folder, paused = tmp_path / "proc", tmp_path / "budget", _pause_script()
 
     def process(pid, ppid, *args):
         (proc / str(pid)).mkdir(parents=True)
@@ -632,7 +646,7 @@ def test_budget_processes_find_the_models_each_run_is_training(tmp_path):
     process(22, 20, "python", "-c", "spawn_main")
     process(23, 22, "python", "-c", "grandchild")
     (proc / "self").mkdir()
-    found = ex.budget_processes(folder, proc)
+    found = paused.budget_processes(folder, proc)
     assert found == [
         {"pid": 11, "out": out.as_posix(), "models": ["reverse/decoder/rope_seed3.json"], "workers": []},
         {"pid": 12, "out": (folder / "copy" / "encdec").as_posix(),
@@ -644,12 +658,12 @@ def test_budget_processes_find_the_models_each_run_is_training(tmp_path):
     (proc / "30" / "cwd").symlink_to(tmp_path)
     process(31, 1, "python", "-m", mod, "--arch", "decoder", "--pe", "t5", "--seeds", "0", "--out", "budget/reverse/decoder")
     (proc / "31" / "cwd").symlink_to(tmp_path / "elsewhere")
-    relative = ex.budget_processes(folder, proc)[3:]
+    relative = paused.budget_processes(folder, proc)[3:]
     assert relative == [{"pid": 30, "out": "budget/reverse/decoder", "models": ["reverse/decoder/t5_seed0.json"],
                          "workers": []}]
     (out / "rope_seed3.json").write_text("{}")
-    assert ex.budget_processes(folder, proc)[0]["models"] == []   # all its models written
-    assert ex.budget_processes(folder, tmp_path / "no-proc") == []
+    assert paused.budget_processes(folder, proc)[0]["models"] == []   # all its models written
+    assert paused.budget_processes(folder, tmp_path / "no-proc") == []
 
 
 def test_with_budget_paused_returns_the_commands_status_and_records_nothing_without_training():
@@ -666,7 +680,7 @@ def test_with_budget_paused_returns_the_commands_status_and_records_nothing_with
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert Path("results/extrapolation_budget") in script.FOLDERS
-    if any(ex.budget_processes(root / folder) for folder in script.FOLDERS):
+    if any(script.budget_processes(root / folder) for folder in script.FOLDERS):
         pytest.skip("budget training is running on this machine")
     run = subprocess.run([sys.executable, str(root / "scripts" / "with_budget_paused.py"), sys.executable, "-c",
                           "raise SystemExit(3)"], capture_output=True, text=True, timeout=120)

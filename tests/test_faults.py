@@ -16,7 +16,7 @@ import pytest
 
 from posenc_lib.experiments.wmt14 import main as wmt14_main
 from posenc_lib.experiments.wmt14.data import SHIPPED_DIR
-from posenc_lib.utils import LOCK_NAME, FolderLock, FolderLocked
+from posenc_lib.files import LOCK_NAME, FolderLock, FolderLocked
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",

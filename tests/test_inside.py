@@ -331,28 +331,27 @@ def test_smoke_run_writes_one_checked_file_per_model(smoke):
         ins.collect(recs, "t5", "probe.accuracy")
 
 
-def test_a_folder_with_results_is_refused_without_resume_and_kept_with_it(smoke, capsys):
+def test_a_folder_with_results_resumes_and_refuses_another_configuration(smoke, capsys):
     before = {p.name: p.read_bytes() for p in smoke.glob("*.json")}
-    assert ins.main(["--profile", "smoke", "--seeds", "0", "--models", "nope", "--out", str(smoke)]) == 2
-    assert "nope_seed0.json exists: pass --resume" in capsys.readouterr().err
+    for resume in ([], ["--resume"]):  # the same command resumes; --resume changes nothing
+        assert ins.main(["--profile", "smoke", "--seeds", "0", "--models", "nope", "--out", str(smoke), *resume]) == 0
+        assert f"skipping 1 finished result(s) in {smoke}" in capsys.readouterr().out
     logs = []
-    ins.run_all(ins.SMOKE, [0], smoke, resume=True, log=logs.append)
-    assert logs == [f"keeping 4 finished result(s) in {smoke}"]
+    ins.run_all(ins.SMOKE, [0], smoke, log=logs.append)
+    assert logs == [f"skipping 4 finished result(s) in {smoke}"]
     assert {p.name: p.read_bytes() for p in smoke.glob("*.json")} == before
-    with pytest.raises(ValueError, match="another configuration.*pass the --profile it was made with"):
-        ins.run_all(replace(ins.SMOKE, steps=31), [0], smoke, names=["nope"], resume=True)
-    with pytest.raises(FileExistsError, match="and 1 more"):
-        ins.pending(ins.SMOKE, ["rope", "alibi"], [0], smoke, resume=False)
-    assert ins.pending(ins.SMOKE, ["rope", "alibi"], [0, 1], smoke, resume=True) == [("rope", 1), ("alibi", 1)]
+    with pytest.raises(ValueError, match="another configuration.*or --profile smoke to continue it"):
+        ins.run_all(replace(ins.SMOKE, steps=31), [0], smoke, names=["nope"])
+    assert ins.pending(ins.SMOKE, ["rope", "alibi"], [0, 1], smoke) == [("rope", 1), ("alibi", 1)]
 
 
 def test_resume_makes_only_what_is_missing(tmp_path):
     logs = []
     ins.run_all(ins.SMOKE, [0], tmp_path, names=["nope"], log=logs.append)
     first = (tmp_path / "nope_seed0.json").read_bytes()
-    ins.run_all(ins.SMOKE, [0, 1], tmp_path, names=["nope"], resume=True, log=logs.append)
+    ins.run_all(ins.SMOKE, [0, 1], tmp_path, names=["nope"], log=logs.append)
     assert (tmp_path / "nope_seed0.json").read_bytes() == first and (tmp_path / "nope_seed1.json").exists()
-    assert logs[-2] == f"keeping 1 finished result(s) in {tmp_path}" and logs[-1].startswith("done nope seed 1")
+    assert logs[-2] == f"skipping 1 finished result(s) in {tmp_path}" and logs[-1].startswith("done nope seed 1")
 
 
 # ------------------------------------------------------------------ bad inputs

@@ -13,7 +13,7 @@ from posenc_lib.experiments import long_context_scaled as lcs
 from posenc_lib.experiments import passkey_trained as pt
 from posenc_lib.schemes.rope_scaling import scaled_rope_frequencies, yarn_mscale, yarn_ramp
 from posenc_lib.schemes.rotary import rope_frequencies
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

@@ -17,7 +17,7 @@ from posenc_lib.schemes.rope_scaling import wavelengths
 from posenc_lib.schemes.rope_spectrum import (base_lower_bound, first_negative_margin, full_turn_pairs,
                                               partial_rotary_ladder, rotary_pairs)
 from posenc_lib.schemes.rotary import rope_frequencies
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"

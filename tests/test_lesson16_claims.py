@@ -12,7 +12,7 @@ import torch
 from posenc_lib.experiments import inside as ins
 from posenc_lib.experiments import inside_tools as tools
 from posenc_lib.schemes.rope_spectrum import full_turn_pairs, similarity_margin
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "results" / "inside"

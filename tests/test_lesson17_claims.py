@@ -9,7 +9,7 @@ import pytest
 
 from posenc_lib.experiments.wmt14 import report as R
 from posenc_lib.experiments.wmt14.evaluate import repetition_rate
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "results" / "wmt14-laptop"

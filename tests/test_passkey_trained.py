@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from posenc_lib.experiments import charlm
 from posenc_lib.experiments import long_context as lc
 from posenc_lib.experiments import long_context_scaled as ls
 from posenc_lib.experiments import passkey_trained as pt
-from posenc_lib.utils import set_seed
+from posenc_lib.seeds import set_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = pt.PROFILES["smoke"]
@@ -45,7 +46,7 @@ def test_default_windows_train_exactly_as_before():
     cfg = lc.SMOKE
     vocab, train_ids, _ = lc.data(cfg)
     runs = []
-    for windows in (None, lambda step, g: lc.random_windows(train_ids, cfg.train_len, cfg.batch_size, g)):
+    for windows in (None, lambda step, g: charlm.random_windows(train_ids, cfg.train_len, cfg.batch_size, g)):
         set_seed(0)
         model = lc.make_model("rope", cfg, len(vocab))
         losses = lc.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=6, lr=cfg.lr,

@@ -26,7 +26,7 @@ from posenc_lib.experiments.wmt14 import default_ckpt_dir, make_data, parse_seed
 from posenc_lib.experiments.wmt14.data import read_lines, read_parallel
 from posenc_lib.experiments.wmt14.pipeline import read_test_sets
 from posenc_lib.experiments.wmt14.train import get_profile
-from posenc_lib.utils import LOCK_NAME, FolderLock, FolderLocked
+from posenc_lib.files import LOCK_NAME, FolderLock, FolderLocked
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -452,7 +452,7 @@ def test_entry_points_without_flags_leave_the_committed_results_alone(tmp_path, 
 def test_damaged_weights_are_named_without_unsafe_advice(tmp_path):
     """Damaged weight files: the advice to pass weights_only=False (which runs the file's code) is unsafe."""
     from posenc_lib.experiments import long_context as lc
-    from posenc_lib.utils import load_weights
+    from posenc_lib.files import load_weights
 
     path = lc.ckpt_path(tmp_path / "ck", lc.SMOKE, "nope", 0)
     path.parent.mkdir(parents=True)
@@ -591,11 +591,11 @@ def test_results_file_names_the_command_that_makes_it(tmp_path):
 
 # == the policy's pieces ==============================================================================
 def test_folder_lock_refuses_a_living_holder_and_takes_over_a_dead_ones(tmp_path):
-    from posenc_lib.utils import _process_start
+    from posenc_lib.files import process_start
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "start": _process_start(holder.pid),
+        (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "start": process_start(holder.pid),
                                                       "since": "now", "command": "python -m something"}))
         with pytest.raises(FolderLocked, match=rf"being written by another process \(pid {holder.pid}.*python -m "
                                                "something.*another --out folder"):
@@ -670,7 +670,7 @@ def test_rope_variants_locks_its_folder_counts_duplicates_once_and_says_how_to_r
     """The lesson-15 sweep had no folder lock, no Ctrl-C handling (a traceback; a plain process pool) and trained
     a model or seed named twice twice."""
     from posenc_lib.experiments import rope_variants as rv
-    from posenc_lib.utils import _process_start
+    from posenc_lib.files import process_start
 
     calls = []
     monkeypatch.setattr(rv, "train_one", lambda name, seed, cfg, out: calls.append((name, seed)) or "done")
@@ -683,10 +683,10 @@ def test_rope_variants_locks_its_folder_counts_duplicates_once_and_says_how_to_r
     monkeypatch.setattr(rv, "train_one", interrupted)
     argv = ["--models", "nope", "--seeds", "1", "--out", str(tmp_path / "rv")]
     code, lines = run_cli(rv.main, argv)
-    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted:") and "--resume" in lines[0], lines
+    assert code == 130 and len(lines) == 1 and lines[0].startswith("interrupted:") and "same command again" in lines[0], lines
     assert not (tmp_path / "rv" / LOCK_NAME).exists()
     holder = os.getppid()  # a living process
-    (tmp_path / "rv" / LOCK_NAME).write_text(json.dumps({"pid": holder, "start": _process_start(holder)}))
+    (tmp_path / "rv" / LOCK_NAME).write_text(json.dumps({"pid": holder, "start": process_start(holder)}))
     code, lines = run_cli(rv.main, argv)
     assert code == 2 and len(lines) == 1 and "being written by another process" in lines[0], lines
 
@@ -697,7 +697,7 @@ def test_every_worker_pool_stops_on_ctrl_c():
     import re
 
     plain = [str(p.relative_to(ROOT)) for folder in ("posenc_lib", "benchmarks", "book") for p in (ROOT / folder).rglob("*.py")
-             if p.name != "utils.py" and re.search(r"ProcessPoolExecutor\(|\bPool\(", p.read_text(encoding="utf-8"))]
+             if p.name != "pool.py" and re.search(r"ProcessPoolExecutor\(|\bPool\(", p.read_text(encoding="utf-8"))]
     assert plain == []
 
 
@@ -982,7 +982,7 @@ def _tag(i, folder):
 def test_run_calls_runs_every_call_once_in_this_process_or_in_workers(tmp_path):
     """The run loop every experiment shares: jobs=1 runs in this process, jobs=2 in spawned workers; each call once,
     each return value logged; a bad jobs value refused before anything runs."""
-    from posenc_lib.utils import run_calls
+    from posenc_lib.pool import run_calls
 
     for jobs in (1, 2):
         folder = tmp_path / f"jobs{jobs}"
@@ -998,7 +998,7 @@ def test_run_calls_runs_every_call_once_in_this_process_or_in_workers(tmp_path):
 
 
 def test_unique_choices_keeps_order_drops_repeats_and_names_the_bad_ones():
-    from posenc_lib.utils import unique_choices
+    from posenc_lib.checks import unique_choices
 
     assert unique_choices("model", ["rope", "alibi", "rope"], ("alibi", "rope")) == ["rope", "alibi"]
     with pytest.raises(ValueError, match=r"unknown model\(s\) \['t5', 'gpt'\]; valid choices: alibi, rope"):
@@ -1008,7 +1008,7 @@ def test_unique_choices_keeps_order_drops_repeats_and_names_the_bad_ones():
 _POOL_SCRIPT = '''
 import os, sys, time
 from pathlib import Path
-from posenc_lib.utils import WorkerPool
+from posenc_lib.pool import WorkerPool
 
 
 def work(folder, i):

@@ -8,7 +8,7 @@ import pytest
 
 from posenc_lib.experiments import extrapolation as ex
 from posenc_lib.experiments import long_context as longctx
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 
 @pytest.mark.parametrize("content", [b'{"schema": "posenc', b"", b"\xff\xfe not utf-8", b"{1: 2}"])
@@ -39,7 +39,7 @@ def test_extrapolation_resume_refuses_another_configuration(tmp_path):
     cfg = ex.PROFILES["smoke"]
     other = asdict(cfg) | {"lr": cfg.lr * 2}
     (tmp_path / "none_seed0.json").write_text(json.dumps({"config": other, "profile": "smoke"}))
-    with pytest.raises(ValueError, match="different configuration"):
+    with pytest.raises(ValueError, match="another configuration"):
         ex.pending(cfg, ["none"], [0], tmp_path)
 
 

@@ -210,7 +210,7 @@ def test_causal_lm_loss_refuses_windows_without_a_next_character(shape):
 
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_atomic_writes_give_the_mode_open_would_give(tmp_path, mask):
-    from posenc_lib.utils import atomic_torch_save, atomic_write_json
+    from posenc_lib.files import atomic_torch_save, atomic_write_json
 
     old = os.umask(mask)
     try:

@@ -438,10 +438,8 @@ def _paused_module():
 
 def _no_budget_training():
     """Skip where budget training runs (the script would stop it) or the tests run inside with_budget_paused.py."""
-    from posenc_lib.experiments import extrapolation as ex
-
     module = _paused_module()
-    if any(ex.budget_processes(ROOT / folder) for folder in module.FOLDERS):
+    if any(module.budget_processes(ROOT / folder) for folder in module.FOLDERS):
         pytest.skip("budget training is running on this machine")
     if module._instances():
         pytest.skip("with_budget_paused.py runs on this machine")
@@ -530,7 +528,7 @@ def paused(tmp_path, monkeypatch):
     fake = [{"pid": training.pid, "out": str(folder / "reverse" / "decoder"), "workers": [],
              "models": ["reverse/decoder/rope_seed0.json"]}]
     monkeypatch.setattr(module, "FOLDERS", (folder,))
-    monkeypatch.setattr(module.ex, "budget_processes", lambda f, *a: fake if Path(f) == folder else [])
+    monkeypatch.setattr(module, "budget_processes", lambda f, *a: fake if Path(f) == folder else [])
     monkeypatch.setattr(module, "_instances", lambda: [])  # alone, also when the tests run inside one
     monkeypatch.chdir(tmp_path)  # main() changes to the repository's folder
     module.folder, module.training = folder, training

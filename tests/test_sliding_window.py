@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from posenc_lib.experiments import long_context as lc
 from posenc_lib.experiments import sliding_window as sw
-from posenc_lib.utils import set_seed
+from posenc_lib.seeds import set_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "results" / "sliding_window"

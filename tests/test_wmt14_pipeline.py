@@ -13,7 +13,7 @@ import torch
 
 import posenc_lib.experiments.wmt14.train as train_mod
 from test_wmt14 import tiny_profile  # one tiny profile for both WMT14 test files
-import posenc_lib.utils as utils_mod
+import posenc_lib.files as files_mod
 from posenc_lib.experiments.wmt14.data import load_wmt14, read_parallel
 from posenc_lib.experiments.wmt14.train import (
     CheckpointError,
@@ -297,10 +297,10 @@ def test_crash_between_temp_file_and_rename_keeps_the_old_checkpoint(tmp_path, m
                 raise SimulatedCrash
         return real_replace(src, dst)
 
-    monkeypatch.setattr(utils_mod.os, "replace", crash_on_second_checkpoint)
+    monkeypatch.setattr(files_mod.os, "replace", crash_on_second_checkpoint)
     with pytest.raises(SimulatedCrash):
         run(prof, ["shaw"], [1], tmp_path / "cut", **kw)
-    monkeypatch.setattr(utils_mod.os, "replace", real_replace)
+    monkeypatch.setattr(files_mod.os, "replace", real_replace)
     assert load_checkpoint(ck)["state"]["step"] == 4  # the old checkpoint, whole
     stale = ck.parent / ".checkpoint.pt.killed.tmp"  # what a real kill leaves behind
     stale.write_bytes(b"half a checkpoint")

@@ -8,7 +8,7 @@ import pytest
 
 from posenc_lib.experiments.wmt14 import report as R
 from posenc_lib.experiments.wmt14 import summarize
-from posenc_lib.utils import read_json
+from posenc_lib.files import read_json
 
 RUN = Path(__file__).resolve().parents[1] / "results" / "wmt14-laptop"
 FOUR = ["none", "sinusoidal", "shaw", "rope"]
@@ -178,7 +178,7 @@ def _fake_boot(pairs: dict[tuple[str, str, int], tuple[float, float, float]]) ->
 
 def test_paired_differences_are_per_seed_with_a_t_interval():
     from posenc_lib.experiments.wmt14.report import paired_differences
-    from posenc_lib.utils import t_quantile_975
+    from posenc_lib.stats import t_quantile_975
 
     res = _fake_results({"a": {0: 10.0, 1: 11.0, 2: 12.0, 3: 9.0}, "b": {0: 11.0, 1: 13.0, 2: 12.5}})
     d = paired_differences(res, "a", "b")

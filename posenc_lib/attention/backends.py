@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from . import cpu_flash
 from .blocks import block_keys, in_batch_chunks, mask_rows
 from .by_class import for_class
-from ..utils import check_bool, check_positive_int
+from ..checks import check_bool, check_positive_int
 
 
 @dataclass(frozen=True)

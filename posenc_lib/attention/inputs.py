@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import check_bool, check_int_range, check_position_tensor
+from ..checks import check_bool, check_int_range, check_position_tensor
 
 
 def check_positions(q_pos, k_pos) -> None:

@@ -67,7 +67,7 @@ from . import backends
 from .backends import AttentionCall, attend, scale_of
 from .step import append_to_cache, cached_len, cross_attention, cross_step, self_attention_step, takes_self_step
 from .inputs import check_attention_call, check_positions, merge_masks  # noqa: F401 (the schemes import them here)
-from ..utils import check_bool, check_divides, check_float_range, check_positive_int
+from ..checks import check_bool, check_divides, check_float_range, check_positive_int
 
 
 def on_host(t: torch.Tensor) -> bool:

@@ -48,7 +48,7 @@ from ..schemes.rope_spectrum import partial_rotary_ladder, rotary_pairs
 from ..schemes.rotary import apply_rope, rope_frequencies
 from ..schemes.sinusoidal import sinusoidal_frequencies, sinusoidal_table
 from ..schemes.t5 import t5_relative_bucket
-from ..utils import check_positive_int
+from ..checks import check_positive_int
 
 __all__ = [
     "Explorer", "draw_sinusoidal", "sinusoidal_explorer", "draw_rope", "rope_explorer", "draw_t5_buckets",

@@ -21,7 +21,7 @@ import os
 import warnings
 from pathlib import Path
 
-from ..utils import available_cores
+from ..pool import available_cores
 
 #: torch threads of a lesson that does not ask for a count (fewer on a machine with fewer cores)
 DEFAULT_THREADS = 2
@@ -64,7 +64,7 @@ def setup(seed: int = 0, threads: int | str | None = "auto") -> None:
     import matplotlib.pyplot as plt
     import torch
 
-    from ..utils import set_seed
+    from ..seeds import set_seed
 
     if n_threads is not None:
         torch.set_num_threads(n_threads)

@@ -1,5 +1,10 @@
 """The course's experiments: each trains models, writes one result file per model and resumes.
 
+* ``runner.py``: the grid loop they all run (skip what is finished, write each result the moment it is made,
+  worker processes), the one resume policy, result files read through their schema, the timing of a run.
+* ``charlm.py``: the character language model the long-context experiments share (data, training, evaluation,
+  the record format).
+
 * ``extrapolation.py``: train short, test long on reversal (lesson 13);
   ``python -m posenc_lib.experiments.extrapolation``.
 * ``long_context.py``: a character language model trained at 64, read at up to 512, with RoPE's

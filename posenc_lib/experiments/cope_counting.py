@@ -21,8 +21,8 @@ are not.  The model is :class:`~posenc_lib.models.causal_lm.CausalLM`; only the 
 
 Each (model, seed) writes one JSON file into ``--out`` as soon as it finishes (temporary file + rename);
 ``config.json`` records the configuration; once the folder holds every model it has for every seed it has,
-``results.json`` gathers the records and a per-model summary (what the lesson reads).  A folder that already holds results is refused
-unless ``--resume`` is given (then finished files are skipped), and ``--resume`` on a folder made with
+``results.json`` gathers the records and a per-model summary (what the lesson reads).  The same command
+run again resumes (posenc_lib/experiments/runner.py): finished files are skipped, and a folder made with
 another configuration is refused with the profile that made it.
 
 Command line::
@@ -54,12 +54,16 @@ import torch
 import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
-                     read_json, removed_if_left_empty, run_calls, set_seed, settings_diff, timing_command,
-                     unique_choices)  # fmt: skip
-from .long_context import lr_at, parse_selection
+from ..checks import check_positive_int, unique_choices
+from ..cli import CliParser, timing_command
+from ..files import atomic_write_json, read_json
+from ..seeds import set_seed
+from . import runner
+from .charlm import lr_at
 
 SCHEMA = "posenc.cope_counting/1"
+#: what a per-model result file holds
+RECORDS = runner.Schema(SCHEMA, ("schema", "model", "seed", "config", "eval"))
 #: token ids: padding, the separator, then the questions Q_1 .. Q_max_k, then the letters
 PAD, SEP, FIRST_QUESTION = 0, 1, 2
 #: the models: name -> (registry name, options for CausalLM)
@@ -265,59 +269,34 @@ def train_one(name: str, seed: int, cfg: CopeCountingConfig, out) -> str:
             + ", ".join(f"{s} {evals[s]['accuracy']:.3f}" for s in SPLITS))  # fmt: skip
 
 
-def check_folder(cfg: CopeCountingConfig, out, resume: bool) -> None:
-    """Refuse a folder that holds results unless ``resume``, and results of another configuration always."""
-    out = Path(out)
-    held = sorted(out.glob("*_seed*.json")) + ([out / "config.json"] if (out / "config.json").exists() else [])
-    if not held:
-        return
-    if not resume:
-        more = " and more" if len(held) > 1 else ""
-        raise FileExistsError(f"{out} already holds results ({held[0].name}{more}); pass --resume to keep them and "
-                              "train only what is missing, or choose another --out")  # fmt: skip
-    for path in held:
-        rec = read_json(path)
-        made = rec.get("config") if path.name != "config.json" else rec
-        if made != config_record(cfg):
-            other = made.get("name") if isinstance(made, dict) else None
-            known = other in PROFILES and config_record(PROFILES[other]) == made
-            fix = f"pass --profile {other} to continue it" if known else "restore the settings it was made with"
-            raise ValueError(f"{path} was made with another configuration (profile {other!r}, differing in "
-                             f"{settings_diff(made, config_record(cfg))}) than this run's (profile {cfg.name!r}); "
-                             f"{fix}, or choose another --out")  # fmt: skip
-
-
 def run_all(cfg: CopeCountingConfig, seeds: Sequence[int], out, *, names: Sequence[str] | None = None, jobs: int = 1,
-            resume: bool = False, log=print) -> Path | None:  # fmt: skip
-    """Train every (model, seed) not yet in ``out``; ``jobs`` worker processes.  ``out`` is locked while this
-    runs, refused if it holds results and ``resume`` is false (:func:`check_folder`), and Ctrl-C stops every
-    worker at once (finished files are kept).  Returns the path of ``results.json``, written once the folder holds
-    every model it has for every seed it has (None, and no summary, while some are missing)."""
-    jobs = check_positive_int("jobs", jobs)
+            log=print) -> Path | None:  # fmt: skip
+    """Train every (model, seed) not yet in ``out`` (:func:`runner.run_grid`); ``jobs`` worker processes.  ``out``
+    is locked while this runs; a folder whose ``config.json`` or result files were made with another configuration
+    is refused; Ctrl-C stops every worker at once (finished files are kept).  Returns the path of
+    ``results.json``, written once the folder holds every model it has for every seed it has (None, and no
+    summary, while some are missing)."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     names = unique_choices("model", MODELS if names is None else names, MODELS)
-    with FolderLock(out, what="--out folder", log=log):
-        check_folder(cfg, out, resume)
-        atomic_write_json(Path(out) / "config.json", config_record(cfg))
-        todo = [(n, s) for n in names for s in seeds if not result_path(out, n, s).exists()]
-        if len(todo) < len(names) * len(seeds):
-            log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        run_calls([(train_one, (n, s, cfg, out)) for n, s in todo], jobs, log)
-        return write_summary(out)
+    cells = [runner.Cell(result_path(out, n, s), train_one, (n, s, cfg, out)) for n in names for s in seeds]
+    profiles = {n: asdict(c) for n, c in PROFILES.items()}
+
+    def record_config(todo: list[runner.Cell]) -> list[runner.Cell]:  # every result file checked first
+        path = Path(out) / "config.json"
+        if path.exists():
+            runner.same_configuration(path, read_json(path), asdict(cfg), profiles=profiles)
+        atomic_write_json(path, config_record(cfg))
+        return []
+
+    runner.run_grid(cells, out=out, schema=RECORDS, config=asdict(cfg), profiles=profiles, jobs=jobs, log=log,
+                    also=record_config)
+    return write_summary(out)
 
 
 # -- reading results ------------------------------------------------------------------------------
 def load_results(out) -> list[dict]:
     """Every per-model result record in ``out``, checked."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for p, r in zip(sorted(out.glob("*_seed*.json")), recs):
-        missing = {"schema", "model", "seed", "config", "eval"} - set(r)
-        if missing or r["schema"] != SCHEMA:
-            raise ValueError(f"{p} is not a {SCHEMA} record (missing {sorted(missing)})")
-    return recs
+    return runner.load_results(out, RECORDS)
 
 
 def summarize(records: Sequence[dict]) -> dict[str, dict]:
@@ -365,36 +344,15 @@ def read_results(path) -> dict:
 def time_updates(cfg: CopeCountingConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,
                  log=print) -> dict[str, Any]:  # fmt: skip
     """CPU and wall seconds per training update of each model (one thread, as in the run) and of one
-    evaluation; the projected cost of ``names`` x 3 seeds (updates, the final evaluation and the learning
-    curve's).  On cores shared with other work the CPU time is the figure to plan with (wall time stretches
-    with the load)."""
+    evaluation; the projected cost of ``names`` x 3 seeds: updates, the final evaluation and the learning
+    curve's (the in-range test set only, half an evaluation each) (:func:`runner.time_updates`)."""
     torch.set_num_threads(cfg.threads)
-    names = list(MODELS if names is None else names)
-    rows: dict[str, dict[str, float]] = {}
-    for name in names:
-        set_seed(0)
-        model = make_model(name, cfg)
-        train_steps(model, cfg, warmup, seed=0, warmup=1)
-        w0, c0 = time.perf_counter(), time.process_time()
-        train_steps(model, cfg, updates, seed=1, warmup=1)
-        w1, c1 = time.perf_counter(), time.process_time()
-        evaluate(model, cfg)
-        w2, c2 = time.perf_counter(), time.process_time()
-        rows[name] = {"wall_per_update": (w1 - w0) / updates, "cpu_per_update": (c1 - c0) / updates,
-                      "eval_wall": w2 - w1, "eval_cpu": c2 - c1}  # fmt: skip
-        r = rows[name]
-        log(f"{name}: {r['cpu_per_update'] * 1000:.1f} ms CPU per update ({r['wall_per_update'] * 1000:.1f} ms wall), "
-            f"evaluation {r['eval_cpu']:.1f} s CPU")  # fmt: skip
-    # the final evaluation (both test sets) plus the learning curve's points (the in-range set only)
-    evals = 1 + math.ceil(cfg.steps / cfg.curve_every) / len(SPLITS)
-    cpu = 3 * sum(r["cpu_per_update"] * cfg.steps + r["eval_cpu"] * evals for r in rows.values())
-    wall = 3 * sum(r["wall_per_update"] * cfg.steps + r["eval_wall"] * evals for r in rows.values())
-    log(f"projected for {len(names)} models x 3 seeds ({cfg.steps} updates each): {cpu / 60:.1f} CPU minutes "
-        f"({wall / 60:.1f} minutes at the wall-clock rate measured here); with --jobs 2 on 2 free cores about "
-        f"{cpu / 120:.1f} minutes of wall time")  # fmt: skip
-    return {"profile": cfg.name, "updates_timed": updates, "steps": cfg.steps, "threads": cfg.threads,
-            "per_model": {n: {k: round(v, 4) for k, v in r.items()} for n, r in rows.items()},
-            "cpu_seconds_3_seeds": round(cpu, 1), "wall_seconds_3_seeds": round(wall, 1), "torch": torch.__version__}
+    return runner.time_updates(
+        list(MODELS if names is None else names), lambda name: make_model(name, cfg),
+        lambda model, n, seed: train_steps(model, cfg, n, seed=seed, warmup=1),
+        lambda name, model: evaluate(model, cfg), updates=updates, warmup=warmup, steps=cfg.steps,
+        threads=cfg.threads, profile=cfg.name, measures=1 + math.ceil(cfg.steps / cfg.curve_every) / len(SPLITS),
+        log=log)  # fmt: skip
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -407,8 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for the result files (default runs/cope-counting-PROFILE; "
                                                "the committed results are never the default)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
-    p.add_argument("--resume", action="store_true", help="continue in a folder that holds results: finished "
-                                                         "models are kept and skipped")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     p.add_argument("--time-updates", type=int, default=0, metavar="N",
                    help="time N updates and one evaluation per model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE",
@@ -416,28 +373,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="with --timing-out: replace an existing file")
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
-    seeds, names = parse_selection(p, a, list(MODELS))
+    seeds, names = runner.parse_selection(p, a, list(MODELS))
     code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names), record_load=False)
     if code is not None:
         return code
     out = a.out or f"runs/cope-counting-{a.profile}"
-    if Path(out).exists() and not Path(out).is_dir():
-        p.error(f"--out {out} is a file; give a folder")
-    t0 = time.perf_counter()
-    try:
-        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
-            summary = run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
-    except (FileExistsError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command with --resume to "
-                                  "train the others (finished ones are skipped)"), file=sys.stderr)  # fmt: skip
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}"
-          + (f" (summary: {summary})" if summary else ""))  # fmt: skip
-    return 0
-
+    return runner.run_command(p, out, None, lambda: run_all(cfg, seeds, out, names=names, jobs=a.jobs),
+                              done=lambda summary: f" (summary: {summary})" if summary else "")
 
 if __name__ == "__main__":
     sys.exit(main())

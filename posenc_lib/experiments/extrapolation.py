@@ -70,9 +70,7 @@ Command line::
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -87,11 +85,12 @@ from ..models.decoding import greedy_decode
 from ..models.causal_lm import CausalLM
 from ..models.seq2seq import Seq2SeqTransformer, build_model
 from ..schemes.registry import PE_TYPES, canonical_pe
-from ..utils import (
-    INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_choice, check_divides, check_float_range,
-    check_int_range, check_positive_int, interrupted_message, interval95, parse_seed_list, read_json,
-    removed_if_left_empty, run_calls, set_seed, settings_diff,
-)
+from ..checks import check_choice, check_divides, check_float_range, check_int_range, check_positive_int
+from ..cli import CliParser
+from ..files import atomic_write_json, read_json
+from ..seeds import parse_seed_list, set_seed
+from ..stats import interval95
+from . import runner
 
 PAD, BOS, EOS = 0, 1, 2
 #: extra runs beside PE_TYPES: name -> (scheme, options).  A symmetric ALiBi encoder cannot tell a
@@ -728,20 +727,25 @@ def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = Tr
     }
 
 
-def check_record(rec: dict[str, Any]) -> None:
-    """Raise ``ValueError`` unless ``rec`` is a complete result record."""
-    keys = {"schema", "pe", "seed", "profile", "config", "num_parameters", "train", "eval"}
-    missing = sorted(keys - set(rec))
-    if missing:
-        raise ValueError(f"result record is missing keys {missing}")
-    if rec["schema"] != SCHEMA:
-        raise ValueError(f"unknown result schema {rec['schema']!r}; expected {SCHEMA!r}")
+def _check_rows(rec: dict[str, Any]) -> None:
     for row in rec["eval"]:
         for k in ("length", "exact_match", "token_accuracy", "representable"):
             if k not in row:
                 raise ValueError(f"eval row {row} is missing {k!r}")
         if not (0.0 <= row["exact_match"] <= 1.0 and 0.0 <= row["token_accuracy"] <= 1.0):
             raise ValueError(f"accuracies must lie in [0, 1], got {row}")
+
+
+#: what a result file holds; fields added to the configuration later read as their defaults in older records
+RECORDS = runner.Schema(SCHEMA, ("schema", "pe", "seed", "profile", "config", "num_parameters", "train", "eval"),
+                        check=_check_rows, added_defaults=ADDED_DEFAULTS)
+
+
+def check_record(rec: dict[str, Any]) -> None:
+    """Raise ``ValueError`` unless ``rec`` is a complete result record (:data:`RECORDS`)."""
+    why = RECORDS.problem(rec)
+    if why is not None:
+        raise ValueError(f"result record is not a {SCHEMA} record: {why}")
 
 
 def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool) -> str:
@@ -758,32 +762,17 @@ def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progr
 def pending(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], out: str | Path) -> list[tuple[str, int]]:
     """The (scheme, seed) pairs without a finished result in ``out``.
 
-    A finished file counts only if it was made with the same configuration; a
-    file from another configuration raises ``ValueError`` (use another ``out``).
+    A finished file counts only if it was made with the same configuration; a file from another configuration,
+    or a damaged one, raises ``ValueError`` (:func:`runner.finished`).
     """
-    todo = []
-    want = json.loads(json.dumps(asdict(cfg)))
-    for pe in (run_name(p) for p in pes):
-        for seed in seeds:
-            path = result_path(out, pe, seed)
-            if path.exists():
-                rec = read_json(path)
-                stored = rec.get("config")
-                if isinstance(stored, dict):  # fields added later read as their defaults in older records
-                    stored = {**{k: v for k, v in ADDED_DEFAULTS.items() if k in want}, **stored}
-                if stored != want:
-                    raise ValueError(
-                        f"{path} was made with a different configuration: {settings_diff(stored, want)}; pass "
-                        "another --out folder, or the settings it was made with"
-                    )
-                continue
-            todo.append((pe, seed))
-    return todo
+    return [(pe, seed) for pe in (run_name(p) for p in pes) for seed in seeds
+            if not runner.finished(result_path(out, pe, seed), RECORDS, asdict(cfg))]
 
 
 def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], out: str | Path, *,
             progress: bool = True, jobs: int = 1, log=print) -> list[Path]:  # fmt: skip
-    """Run every (scheme, seed) not already finished in ``out``; returns the paths of all results.
+    """Run every (scheme, seed) not already finished in ``out`` (:func:`runner.run_grid`); returns the paths of
+    all results.
 
     ``jobs > 1`` trains that many models at once in worker processes (each with
     ``cfg.threads`` torch threads: tiny models use one core per process better than
@@ -793,29 +782,17 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
     jobs = check_positive_int("jobs", jobs)
     seeds = list(dict.fromkeys(int(s) for s in seeds))  # a scheme or seed named twice is trained once
     pes = list(dict.fromkeys(run_name(p) for p in pes))
-    with FolderLock(out, what="--out folder", log=log):  # one writer per folder
-        todo = pending(cfg, pes, seeds, out)
-        _run_todo(todo, cfg, out, progress=progress, jobs=jobs, log=log, done=len(pes) * len(seeds) - len(todo))
-    return [result_path(out, pe, s) for pe in pes for s in seeds]
-
-
-def _run_todo(todo, cfg, out, *, progress, jobs, log, done) -> None:
-    if done:
-        log(f"skipping {done} finished model(s) in {out}")
     # one process: a bar over each model's updates; worker processes: one bar over the models
-    calls = [(_finish, (pe, cfg, seed, out, progress and jobs == 1)) for pe, seed in todo]
-    run_calls(calls, jobs, log, progress=progress and jobs > 1)
+    cells = [runner.Cell(result_path(out, pe, s), _finish, (pe, cfg, s, out, progress and jobs == 1))
+             for pe in pes for s in seeds]  # fmt: skip
+    runner.run_grid(cells, out=out, schema=RECORDS, config=asdict(cfg), jobs=jobs, log=log,
+                    progress=progress and jobs > 1)
+    return [result_path(out, pe, s) for pe in pes for s in seeds]
 
 
 def load_results(out: str | Path) -> list[dict[str, Any]]:
     """Every result record in ``out`` (checked), sorted by the course's scheme order, then seed."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for r in recs:
-        check_record(r)
-    return sorted(recs, key=lambda r: (RUN_ORDER.index(r["pe"]), r["seed"]))
+    return sorted(runner.load_results(out, RECORDS), key=lambda r: (RUN_ORDER.index(r["pe"]), r["seed"]))
 
 
 def pauses(folder: str | Path) -> dict[str, float]:
@@ -838,78 +815,6 @@ def pauses(folder: str | Path) -> dict[str, float]:
 PAUSE_NOTE = ("training processes of these models were stopped (SIGSTOP) while other work used the cores, so their "
               "recorded train seconds include the pause; subtract it for their cost "
               "(posenc_lib.experiments.extrapolation.training_minutes does)")
-
-
-def record_pause(folder: str | Path, seconds: float, start: str, end: str, models: Sequence[str]) -> dict:
-    """Append one pause to ``folder/paused.json`` (made if missing, written atomically) and return the file's content.
-
-    ``models`` are the records in training during the pause, relative to ``folder`` (``TASK/ARCH/RUN_seedS.json``),
-    ``start`` and ``end`` its UTC times.  A file in the older single-pause layout is rewritten as a list."""
-    folder = Path(folder)
-    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0):
-        raise ValueError(f"seconds must be a number >= 0, got {seconds!r}")
-    bad = [m for m in models if not (isinstance(m, str) and m.endswith(".json") and m.count("/") == 2)]
-    if bad:
-        raise ValueError(f"models must be records relative to {folder} (TASK/ARCH/RUN_seedS.json), got {bad!r}")
-    path = folder / "paused.json"
-    data = read_json(path) if path.is_file() else {"what": PAUSE_NOTE, "pauses": []}
-    if "pauses" not in data:  # the older layout: one pause at the top level
-        data = {"what": data.get("what", PAUSE_NOTE),
-                "pauses": [{k: data[k] for k in ("paused_seconds", "from", "to", "models")}]}
-    data["pauses"].append({"paused_seconds": round(seconds), "from": start, "to": end, "models": list(models)})
-    atomic_write_json(path, data)
-    return data
-
-
-def budget_processes(folder: str | Path = "results/extrapolation_budget", proc: str | Path = "/proc") -> list[dict]:
-    """This machine's running training processes (this module's command line) that write under ``folder`` (as
-    given to ``--out``), each as ``{"pid", "out", "models", "workers"}``: ``models`` are the records in training,
-    relative to ``folder`` (the first ``--jobs`` of those not yet written, in the order the run takes them),
-    ``workers`` the pids of its descendants (the worker processes of ``--jobs N``).  A relative ``--out`` is read
-    from the training process's working folder (``/proc/PID/cwd``; this process's where that cannot be read), a
-    relative ``folder`` from this process's.  Reads Linux's ``/proc``; elsewhere it finds none."""
-    proc, found = Path(proc), []
-    folder = (Path.cwd() / folder).resolve()  # an absolute folder stays itself
-    children: dict[int, list[int]] = {}
-    for stat in proc.glob("[0-9]*/stat") if proc.is_dir() else []:
-        try:  # "pid (name) state ppid ...": the name may hold spaces and parentheses
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-
-    def descendants(pid: int) -> list[int]:
-        return [d for c in sorted(children.get(pid, [])) for d in (c, *descendants(c))]
-
-    for entry in sorted(proc.iterdir(), key=lambda e: e.name) if proc.is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-        except OSError:
-            continue
-        if "posenc_lib.experiments.extrapolation" not in args or not any(a == "--out" for a in args):
-            continue
-        opts = dict(zip(args, args[1:]))
-        try:
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:
-            cwd = Path.cwd()
-        out = (cwd / opts["--out"]).resolve()
-        if not (out == folder or folder in out.parents):
-            continue
-        pe_arg = opts.get("--pe", "all")
-        try:
-            pes = all_runs(opts.get("--arch", "encdec")) if pe_arg.strip().lower() == "all" else \
-                [run_name(x) for x in parse_list(pe_arg, "--pe")]
-        except (TypeError, ValueError):
-            pes = []
-        seeds = [seed.strip() for seed in opts.get("--seeds", "0,1,2").split(",")]
-        todo = [path.relative_to(folder).as_posix() for pe in pes for seed in seeds   # run_all's order
-                for path in [out / f"{pe}_seed{seed}.json"] if not path.exists()]
-        jobs = int(opts["--jobs"]) if opts.get("--jobs", "").isdigit() else 1
-        found.append({"pid": int(entry.name), "out": opts["--out"], "models": todo[:max(jobs, 1)],
-                      "workers": descendants(int(entry.name))})
-    return found
 
 
 def training_minutes(folder: str | Path) -> dict[str, float]:
@@ -1155,6 +1060,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="override the profile's number of updates (its cap, with mastery stopping); the learning-rate "
                         "schedule decays over the new number")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     base = PROFILES[a.profile]
     try:
@@ -1184,22 +1090,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
     out = a.out or f"runs/extrapolation-{a.profile}"
-    if Path(out).exists() and not Path(out).is_dir():
-        p.error(f"--out {out} is a file; give a folder for the result files")
-    t0 = time.perf_counter()
-    try:
-        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
-            run_all(cfg, pes, seeds, out, progress=not a.no_progress, jobs=a.jobs)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished models are kept in {out}", "run the same command again to train the "
-                                  "others (finished models are skipped)"), file=sys.stderr)
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
-    return 0
-
+    return runner.run_command(p, out, None, lambda: run_all(cfg, pes, seeds, out, progress=not a.no_progress,
+                                                             jobs=a.jobs))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,14 +21,14 @@ Then, on held-out text, with the tools of posenc_lib/experiments/inside_tools.py
   mean score at each distance, and the perplexity with the ``band_pairs`` slowest or fastest pairs frozen
   (frequency 0, as p-RoPE does) or dropped (q and k components zeroed).
 
-Each (model, seed) writes one JSON file into ``--out`` when it finishes (temporary file + rename).  A folder
-that already holds some of them is refused unless ``--resume`` is given; with it, finished files are kept
-(if they were made with this configuration) and only the missing ones are made.
+Each (model, seed) writes one JSON file into ``--out`` when it finishes (temporary file + rename).  The same
+command run again resumes (posenc_lib/experiments/runner.py): finished files made with this configuration are
+kept and only the missing ones are made; a folder made with another configuration is refused.
 
 Command line::
 
     python -m posenc_lib.experiments.inside --profile smoke --out runs/inside-smoke
-    python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside --jobs 2 --resume
+    python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside --jobs 2
     python -m posenc_lib.experiments.inside --profile course --time-updates 20   # time it first
 
 Cost of the ``course`` profile (4 models x 3 seeds): see the README, which quotes the timing made with
@@ -36,7 +36,6 @@ Cost of the ``course`` profile (4 models x 3 seeds): see the README, which quote
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -47,13 +46,15 @@ import numpy as np
 import torch
 
 from ..models.causal_lm import CausalLM, MaskedLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
-                     read_json, removed_if_left_empty, run_calls, set_seed, settings_diff, timing_command,
-                     unique_choices)
+from ..checks import check_positive_int, unique_choices
+from ..cli import CliParser, timing_command
+from ..files import atomic_write_json
+from . import charlm, runner
 from . import inside_tools as tools
-from . import long_context as lc
 
 SCHEMA = "posenc.inside/1"
+#: what a result file holds
+RECORDS = runner.Schema(SCHEMA, ("schema", "model", "seed", "config", "probe"))
 
 
 @dataclass(frozen=True)
@@ -221,13 +222,13 @@ def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     def sinks_now(u: int, model) -> None:
         t = time.perf_counter()
         if not few:
-            few.append(lc.data(cfg)[2][: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len))
+            few.append(charlm.data(cfg)[2][: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len))
         over_training["updates"].append(u)
         over_training["mass"].append(tools.first_token_mass(model, few[0])["mass"])
         spent[0] += time.perf_counter() - t
 
     at = cfg.sink_updates if causal else ()
-    vocab, eval_ids, model, losses, seconds = lc.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg, at=at,
+    vocab, eval_ids, model, losses, seconds = charlm.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg, at=at,
                                                                  on_update=sinks_now if causal else None)  # fmt: skip
     seconds -= spent[0]
     t1 = time.perf_counter()
@@ -244,92 +245,47 @@ def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
         " ".join(f"{a:.2f}" for a in acc)
 
 
-def pending(cfg: InsideConfig, names: Sequence[str], seeds: Sequence[int], out, *, resume: bool) -> list[tuple[str, int]]:
-    """The (model, seed) pairs still to make in ``out``.
-
-    Finished files are kept only with ``resume`` (``FileExistsError`` otherwise, naming the first one), and
-    only if they were made with ``cfg`` (``ValueError`` otherwise, saying what to do).
-    """
-    done = [(n, s) for n in names for s in seeds if result_path(out, n, s).exists()]
-    if done and not resume:
-        more = f" (and {len(done) - 1} more)" if len(done) > 1 else ""
-        raise FileExistsError(f"{result_path(out, *done[0])} exists{more}: pass --resume to keep finished results "
-                              "and make only the missing ones, or give another --out folder")  # fmt: skip
-    want = json.loads(json.dumps(asdict(cfg)))
-    for n, s in done:
-        path = result_path(out, n, s)
-        rec = read_json(path)
-        if not isinstance(rec, dict) or rec.get("config") != want:
-            made = rec.get("config") if isinstance(rec, dict) else rec
-            raise ValueError(f"{path} was made with another configuration: {settings_diff(made, want)}; "
-                             "pass the --profile it was made with, or another --out folder")  # fmt: skip
-    return [(n, s) for n in names for s in seeds if (n, s) not in done]
+def pending(cfg: InsideConfig, names: Sequence[str], seeds: Sequence[int], out) -> list[tuple[str, int]]:
+    """The (model, seed) pairs still to make in ``out``; a result file made with another configuration, or
+    damaged, is a ``ValueError`` saying what to do (:func:`runner.finished`)."""
+    profiles = {n: asdict(c) for n, c in PROFILES.items()}
+    return [(n, s) for n in names for s in seeds
+            if not runner.finished(result_path(out, n, s), RECORDS, asdict(cfg), profiles=profiles)]
 
 
 def run_all(cfg: InsideConfig, seeds: Sequence[int], out, *, names: Sequence[str] | None = None, jobs: int = 1,
-            resume: bool = False, log=print) -> None:  # fmt: skip
-    """Make every (model, seed) result not yet in ``out``; ``jobs`` worker processes; ``out`` is locked meanwhile."""
-    jobs = check_positive_int("jobs", jobs)
+            log=print) -> None:  # fmt: skip
+    """Make every (model, seed) result not yet in ``out`` (:func:`runner.run_grid`); ``jobs`` worker processes;
+    ``out`` is locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     names = unique_choices("model", MODELS if names is None else names, MODELS)
-    with FolderLock(out, what="--out folder", log=log):
-        todo = pending(cfg, names, seeds, out, resume=resume)
-        if len(todo) < len(names) * len(seeds):
-            log(f"keeping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        run_calls([(train_one, (n, s, cfg, out)) for n, s in todo], jobs, log)
+    cells = [runner.Cell(result_path(out, n, s), train_one, (n, s, cfg, out)) for n in names for s in seeds]
+    runner.run_grid(cells, out=out, schema=RECORDS, config=asdict(cfg), jobs=jobs, log=log,
+                    profiles={n: asdict(c) for n, c in PROFILES.items()})
 
 
 def time_updates(cfg: InsideConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,
                  log=print) -> dict[str, Any]:  # fmt: skip
     """Time each model's training updates (after ``warmup`` untimed ones; ``cfg.threads`` threads, as in the
-    run) and its measurements once; project the run with 3 seeds.  CPU time (``time.process_time``) is what
-    the projection uses: on cores shared with other work the wall time is longer than the CPU time needed."""
+    run) and its measurements once; project the run with 3 seeds, reading the data once per model
+    (:func:`runner.time_updates`)."""
     updates, warmup = check_positive_int("updates", updates), check_positive_int("warmup", warmup)
     torch.set_num_threads(cfg.threads)
     c0 = time.process_time()
-    vocab, train_ids, eval_ids = lc.data(cfg)
+    vocab, train_ids, eval_ids = charlm.data(cfg)
     data_cpu = time.process_time() - c0
-    names = list(MODELS) if names is None else list(names)
-    rows: dict[str, dict[str, float]] = {}
-    for name in names:
-        set_seed(0)
-        model = make_model(name, cfg, len(vocab))
-        kw = dict(length=cfg.train_len, batch=cfg.batch_size, lr=cfg.lr, warmup=1, grad_clip=cfg.grad_clip)
-        lc.train_steps(model, train_ids, steps=warmup, seed=0, **kw)
-        w0, c0 = time.perf_counter(), time.process_time()
-        lc.train_steps(model, train_ids, steps=updates, seed=1, **kw)
-        w1, c1 = time.perf_counter(), time.process_time()
-        measure(name, model, cfg, eval_ids)
-        w2, c2 = time.perf_counter(), time.process_time()
-        rows[name] = {"wall_per_update": (w1 - w0) / updates, "cpu_per_update": (c1 - c0) / updates,
-                      "measure_wall": w2 - w1, "measure_cpu": c2 - c1}  # fmt: skip
-        r = rows[name]
-        log(f"{name}: {r['cpu_per_update'] * 1000:.0f} ms CPU per update ({r['wall_per_update'] * 1000:.0f} ms wall), "
-            f"measurements {r['measure_cpu']:.1f} s CPU ({r['measure_wall']:.1f} s wall)")  # fmt: skip
-    per_seed = sum(r["cpu_per_update"] * cfg.steps + r["measure_cpu"] + data_cpu for r in rows.values())
-    cpu = 3 * per_seed
-    wall = 3 * sum(r["wall_per_update"] * cfg.steps + r["measure_wall"] + data_cpu for r in rows.values())
-    log(f"projected for {len(names)} models x 3 seeds ({cfg.steps} updates each): {cpu / 60:.1f} CPU minutes "
-        f"({wall / 60:.1f} minutes at the wall-clock rate measured here); with --jobs 2 on 2 free cores about "
-        f"{cpu / 120:.1f} minutes of wall time")  # fmt: skip
-    return {"profile": cfg.name, "updates_timed": updates, "steps": cfg.steps, "threads": cfg.threads,
-            "data_cpu": round(data_cpu, 2), "per_model": {n: {k: round(v, 4) for k, v in r.items()} for n, r in rows.items()},
-            "cpu_seconds_3_seeds": round(cpu, 1), "wall_seconds_3_seeds": round(wall, 1),
-            "torch": torch.__version__}  # fmt: skip
+    kw = dict(length=cfg.train_len, batch=cfg.batch_size, lr=cfg.lr, warmup=1, grad_clip=cfg.grad_clip)
+    return runner.time_updates(
+        list(MODELS) if names is None else list(names), lambda name: make_model(name, cfg, len(vocab)),
+        lambda model, n, seed: charlm.train_steps(model, train_ids, steps=n, seed=seed, **kw),
+        lambda name, model: measure(name, model, cfg, eval_ids), updates=updates, warmup=warmup, steps=cfg.steps,
+        threads=cfg.threads, profile=cfg.name, what="measure", setup_cpu=data_cpu, log=log)  # fmt: skip
 
 
 # -- reading results ------------------------------------------------------------------------------
 def load_results(out) -> list[dict]:
     """Every result record in ``out``, checked."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for p, r in zip(sorted(out.glob("*_seed*.json")), recs):
-        missing = {"schema", "model", "seed", "config", "probe"} - set(r) if isinstance(r, dict) else {"schema"}
-        if missing or r["schema"] != SCHEMA:
-            raise ValueError(f"{p} is not a {SCHEMA} record (missing {sorted(missing)}); delete it, or restore it")
-    return recs
+    return runner.load_results(out, RECORDS)
 
 
 def collect(records: Sequence[dict], model: str, path: str) -> tuple[np.ndarray, list[int]]:
@@ -358,35 +314,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for the result files (default runs/inside-PROFILE; the "
                                                "committed results are never the default)")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
-    p.add_argument("--resume", action="store_true", help="keep the finished result files in --out and make the "
-                                                         "missing ones (without it, a folder holding any is refused)")
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     p.add_argument("--time-updates", type=int, default=0, metavar="N",
                    help="time N updates and the measurements of each model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
     p.add_argument("--overwrite", action="store_true", help="with --timing-out: replace an existing file")
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
-    seeds, names = lc.parse_selection(p, a, list(MODELS))
+    seeds, names = runner.parse_selection(p, a, list(MODELS))
     code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names))
     if code is not None:
         return code
     out = a.out or f"runs/inside-{a.profile}"
-    if Path(out).exists() and not Path(out).is_dir():
-        p.error(f"--out {out} is a file; give a folder")
-    t0 = time.perf_counter()
-    try:
-        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
-            run_all(cfg, seeds, out, names=names, jobs=a.jobs, resume=a.resume)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command with --resume to "
-                                  "make the others"), file=sys.stderr)  # fmt: skip
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
-    return 0
-
+    return runner.run_command(p, out, None, lambda: run_all(cfg, seeds, out, names=names, jobs=a.jobs))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
 from ..schemes.rotary import RotaryScheme
-from ..utils import check_choice, check_positive_int
+from ..checks import check_choice, check_positive_int
 
 BAND_MODES = ("freeze", "drop")
 

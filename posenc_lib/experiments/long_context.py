@@ -32,26 +32,22 @@ average 5-10); pre-training one model took 130-360 s of that, a fine-tune 15-55 
 """
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from ..models.causal_lm import CausalLM
-from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_torch_save, atomic_write_json, check_folder_path,
-                     check_positive_int, interrupted_message, load_weights, parse_seed_list, read_json,
-                     removed_if_left_empty, run_calls, set_seed, settings_diff)
-from .wmt14.data import SHIPPED_DIR, find_file, read_lines
-
-SCHEMA = "posenc.longctx/1"
-UNK = 0  # id of characters outside the vocabulary
+from ..checks import check_positive_int
+from ..cli import CliParser
+from ..files import atomic_torch_save, atomic_write_json, load_weights
+from ..seeds import set_seed
+from . import runner
+from .charlm import RECORDS, data, evaluate, load_results, ppl_line, record, summarize, train_at_length, train_steps
+from .charlm import SCHEMA, load_text  # noqa: F401 (this experiment's record format and text, read by lesson 10)
 
 
 # -- configuration --------------------------------------------------------------------------------
@@ -148,47 +144,6 @@ def models(cfg: LongContextConfig) -> dict[str, tuple[str, dict, tuple[str, ...]
 FINETUNES: tuple[tuple[str, str], ...] = tuple(("rope", m) for m in METHODS) + (("alibi", "none"), ("nope", "none"))
 
 
-# -- data -----------------------------------------------------------------------------------------
-def load_text(cfg: LongContextConfig, data_dir: str | Path = SHIPPED_DIR) -> tuple[str, str]:
-    """``(train_text, eval_text)``: Europarl English lines joined by newlines (document order)."""
-    lines = read_lines(find_file(data_dir, "train.en"))
-    if len(lines) < cfg.eval_offset + 10:
-        raise ValueError(f"train.en has {len(lines)} lines; eval_offset={cfg.eval_offset} needs more")
-    train = "\n".join(lines[: min(cfg.train_lines, cfg.eval_offset)])
-    ev = ""
-    i = cfg.eval_offset
-    while len(ev) < cfg.eval_chars and i < len(lines):
-        ev += lines[i] + "\n"
-        i += 1
-    if len(ev) < cfg.eval_chars:
-        raise ValueError(f"not enough text after line {cfg.eval_offset} for eval_chars={cfg.eval_chars}")
-    return train, ev[: cfg.eval_chars]
-
-
-class CharVocab:
-    """Characters seen at least ``min_count`` times; id 0 is UNK."""
-
-    def __init__(self, text: str, min_count: int):
-        counts = Counter(text)
-        self.chars = ["\0"] + sorted(c for c, n in counts.items() if n >= min_count)
-        self.index = {c: i for i, c in enumerate(self.chars)}
-
-    def __len__(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> torch.Tensor:
-        return torch.tensor([self.index.get(c, UNK) for c in text], dtype=torch.long)
-
-    def decode(self, ids) -> str:
-        return "".join(self.chars[i] for i in ids)
-
-
-def random_windows(ids: torch.Tensor, length: int, batch: int, g: torch.Generator) -> torch.Tensor:
-    """``(batch, length + 1)`` random windows of the token stream (inputs and next-token targets)."""
-    start = torch.randint(0, ids.numel() - length - 1, (batch,), generator=g)
-    return torch.stack([ids[s : s + length + 1] for s in start.tolist()])
-
-
 def make_model(name: str, cfg: LongContextConfig, vocab_size: int, method: str = "none") -> CausalLM:
     pe, options, _ = models(cfg)[name]
     scaling = scalings(cfg)[method]
@@ -206,98 +161,6 @@ def use_method(model: CausalLM, name: str, cfg: LongContextConfig, method: str) 
     return model
 
 
-# -- training and evaluation ----------------------------------------------------------------------
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up, then cosine decay to 10% of ``peak``."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    frac = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-
-
-def train_steps(model: CausalLM, ids: torch.Tensor, *, length: int, batch: int, steps: int, lr: float, warmup: int,
-                grad_clip: float, seed: int, log_every: int = 50, at: Sequence[int] = (),
-                on_update=None, windows=None) -> list[float]:  # fmt: skip
-    """Train on random windows; returns the mean loss of every ``log_every`` updates.
-
-    ``windows(step, g)``, when given, makes each update's ``(batch, length + 1)`` windows instead of
-    :func:`random_windows` (``g``: the run's generator, seeded with ``seed``).
-
-    ``on_update(u, model)`` is called in eval mode (no gradients) before training if ``0`` is in ``at`` and
-    after update ``u`` for every other ``u`` in ``at``: a way to measure the model during training.  It must not
-    draw from torch's global random generator; the training itself is then the same as without it."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
-    g = torch.Generator().manual_seed(seed)
-    at = set(at)
-    if at and on_update is None:
-        raise ValueError("at= needs on_update=, the function to call at those updates")
-    bad = sorted(u for u in at if not 0 <= u <= steps)
-    if bad:
-        raise ValueError(f"at= holds updates {bad} outside 0..{steps}")
-
-    def visit(u: int) -> None:
-        if u in at:
-            model.eval()
-            with torch.no_grad():
-                on_update(u, model)
-            model.train()
-
-    model.train()
-    visit(0)
-    losses, window = [], torch.zeros(())
-    for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup)
-        loss = model.loss(random_windows(ids, length, batch, g) if windows is None else windows(step, g))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
-        window = window + loss.detach()
-        if (step + 1) % log_every == 0 or step == steps - 1:
-            n = (step % log_every) + 1
-            losses.append(round(float(window) / n, 5))  # read from the device only here
-            window = torch.zeros(())
-        if step + 1 < steps:
-            visit(step + 1)
-    model.eval()
-    if steps in at and steps:
-        with torch.no_grad():
-            on_update(steps, model)
-    return losses
-
-
-@torch.no_grad()
-def evaluate(model: CausalLM, ids: torch.Tensor, lengths: Sequence[int], *, bins: int = 8,
-             first: int | None = None) -> list[dict]:  # fmt: skip
-    """Per length: mean NLL (nats/char) and perplexity over non-overlapping windows of ``ids``;
-    the NLL in ``bins`` equal position bins; the mean attention entropy (nats) of every query row; with
-    ``first``, also ``ppl_first``: the perplexity of the first ``first`` positions of the same windows."""
-    model.eval()
-    rows = []
-    for n in lengths:
-        k = (ids.numel() - 1) // n
-        x = ids[: k * n].view(k, n)
-        y = ids[1 : k * n + 1].view(k, n)
-        nll = torch.zeros(n)
-        ent = torch.zeros(())
-        for i in range(0, k, 16):
-            logits, weights = model(x[i : i + 16], need_weights=True)
-            nll += F.cross_entropy(logits.transpose(1, 2), y[i : i + 16], reduction="none").sum(0)
-            for w in weights:  # (batch, heads, n, n), rows sum to 1
-                ent += -(w * w.clamp_min(1e-12).log()).sum(-1).mean(dim=(1, 2)).sum() / len(weights)
-        nll, ent = nll / k, ent / k
-        mean = float(nll.mean())
-        rows.append({
-            "length": n, "nll": round(mean, 5), "ppl": round(math.exp(mean), 4), "windows": k,
-            "nll_by_position": [round(float(v), 4) for v in nll.view(bins, -1).mean(1)] if n % bins == 0 else None,
-            "attention_entropy": round(float(ent), 4),
-        })  # fmt: skip
-        if first is not None:
-            rows[-1]["ppl_first"] = round(math.exp(float(nll[:first].mean())), 4)
-    return rows
-
-
 # -- the jobs -------------------------------------------------------------------------------------
 def result_path(out, name: str, seed: int, method: str | None = None) -> Path:
     stem = name if method is None else f"{name}+ft-{method}"
@@ -306,42 +169,6 @@ def result_path(out, name: str, seed: int, method: str | None = None) -> Path:
 
 def ckpt_path(ckpt, cfg: LongContextConfig, name: str, seed: int) -> Path:
     return Path(ckpt) / cfg.name / f"{name}_seed{seed}.pt"
-
-
-_DATA: dict[tuple, Any] = {}
-
-
-def data(cfg: LongContextConfig, data_dir=SHIPPED_DIR):
-    """``(vocab, train_ids, eval_ids)``, cached per process."""
-    key = (cfg.train_lines, cfg.eval_offset, cfg.eval_chars, cfg.min_char_count, str(data_dir))
-    if key not in _DATA:
-        train, ev = load_text(cfg, data_dir)
-        vocab = CharVocab(train, cfg.min_char_count)
-        _DATA[key] = (vocab, vocab.encode(train), vocab.encode(ev))
-    return _DATA[key]
-
-
-def _record(kind, name, seed, cfg, model, losses, seconds, evals, **extra) -> dict:
-    return {"schema": SCHEMA, "kind": kind, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
-            "num_parameters": sum(p.numel() for p in model.parameters()), "train_loss": losses,
-            "train_seconds": round(seconds, 1), "eval": evals, "torch": torch.__version__, **extra}  # fmt: skip
-
-
-def train_at_length(build, seed: int, cfg, *, at: Sequence[int] = (), on_update=None,
-                    windows=None) -> tuple[list[str], torch.Tensor, torch.nn.Module, list[float], float]:
-    """The pre-training every character-LM experiment shares: read the data of ``cfg``, seed, build the model
-    (``build(vocab_size)``) and train it at ``cfg.train_len`` on ``cfg.threads`` threads.  Returns the vocabulary,
-    the held-out ids, the model, the training losses and the training wall time (s, measurements at ``at``
-    included; see :func:`train_steps` for ``at``, ``on_update`` and ``windows``)."""
-    torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = data(cfg)
-    set_seed(seed)
-    model = build(len(vocab))
-    t0 = time.perf_counter()
-    losses = train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps, lr=cfg.lr,
-                         warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed, at=at, on_update=on_update,
-                         windows=windows)  # fmt: skip
-    return vocab, eval_ids, model, losses, time.perf_counter() - t0
 
 
 def weights(name: str, cfg: LongContextConfig, seed: int, ckpt, vocab_size: int) -> tuple[CausalLM, float | None]:
@@ -365,9 +192,9 @@ def pretrain(name: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
     evals = {}
     for method in models(cfg)[name][2]:
         evals[method] = evaluate(use_method(model, name, cfg, method), eval_ids, cfg.eval_lengths)
-    rec = _record("pretrain", name, seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab))
+    rec = record("pretrain", name, seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab))
     atomic_write_json(result_path(out, name, seed), rec)
-    return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, " + _ppl_line(evals)
+    return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, " + ppl_line(evals)
 
 
 def finetune(name: str, method: str, seed: int, cfg: LongContextConfig, out, ckpt) -> str:
@@ -390,166 +217,38 @@ def finetune(name: str, method: str, seed: int, cfg: LongContextConfig, out, ckp
                          seed=10_000 + seed, log_every=10)  # fmt: skip
     seconds = time.perf_counter() - t0
     evals = {method: evaluate(model, eval_ids, cfg.eval_lengths)}
-    rec = _record("finetune", name, seed, cfg, model, losses, seconds, evals, method=method, vocab_size=len(vocab))
+    rec = record("finetune", name, seed, cfg, model, losses, seconds, evals, method=method, vocab_size=len(vocab))
     atomic_write_json(result_path(out, name, seed, method), rec)
-    return f"done {name}+ft-{method} seed {seed}: {seconds:.0f} s, " + _ppl_line(evals)
-
-
-def _ppl_line(evals: dict) -> str:
-    return "; ".join(f"{m}: " + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in rows) for m, rows in evals.items())
-
-
-def finished(path: Path, cfg: LongContextConfig, **settings) -> bool:
-    """True when ``path`` holds a finished record made with ``cfg`` (and the record fields ``settings``, e.g.
-    ``trials=200``), False when it does not exist; a record made with other settings is a ``ValueError`` naming
-    them, never taken for this run's.  Shared by long_context, long_context_scaled and sliding_window."""
-    if not path.exists():
-        return False
-    rec = read_json(path)
-    want = json.loads(json.dumps({**asdict(cfg), **settings}))  # the record's fields beside its config
-    made = rec.get("config") if isinstance(rec, dict) else None
-    made = {**made, **{k: rec.get(k) for k in settings}} if isinstance(made, dict) else made
-    if made != want:
-        raise ValueError(f"{path} was made with another configuration: {settings_diff(made, want)}; pass another "
-                         "--out folder, or the settings it was made with")  # fmt: skip
-    return True
-
-
-def load_records(out, schema: str, fields: Sequence[str] = ()) -> list[dict]:
-    """Every ``*_seed*.json`` record in the folder ``out``; one not of ``schema`` or without ``fields`` is a
-    ``ValueError`` (a missing folder a ``FileNotFoundError``)."""
-    out = Path(out)
-    if not out.is_dir():
-        raise FileNotFoundError(f"no results folder {out}")
-    recs = [read_json(p) for p in sorted(out.glob("*_seed*.json"))]
-    for path, r in zip(sorted(out.glob("*_seed*.json")), recs):
-        missing = sorted(set(fields) - set(r))
-        if missing or r.get("schema") != schema:
-            raise ValueError(f"{path} is not a {schema} record (schema {r.get('schema')!r}, missing {missing})")
-    return recs
-
+    return f"done {name}+ft-{method} seed {seed}: {seconds:.0f} s, " + ppl_line(evals)
 
 
 def run_all(cfg: LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: Sequence[str] | None = None,
             finetunes: Sequence[tuple[str, str]] | None = None, jobs: int = 1, log=print) -> None:  # fmt: skip
-    """Pre-train every model not yet done, then every fine-tune; ``jobs`` worker processes.
-
-    ``out`` and ``ckpt`` are locked while this runs; Ctrl-C stops every worker at once, and what
-    finished is kept (a rerun skips it).  A model whose weights are gone is trained again before its
-    fine-tunes; its finished result file stays until the new one replaces it.
-    """
-    jobs = check_positive_int("jobs", jobs)
+    """Pre-train every model not yet done, then every fine-tune (:func:`runner.run_grid`: ``out`` and ``ckpt``
+    locked, finished files skipped, ``jobs`` worker processes).  A model whose weights are gone is trained again
+    before its fine-tunes; its finished result file stays until the new one replaces it."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))  # a model or seed named twice is trained once
     names = list(dict.fromkeys(models(cfg) if names is None else names))
     finetunes = [f for f in FINETUNES if f[0] in names] if finetunes is None else list(dict.fromkeys(finetunes))
-    with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
-        _run_locked(cfg, seeds, out, ckpt, names=names, finetunes=finetunes, jobs=jobs, log=log)
+    cells = [runner.Cell(result_path(out, n, s), pretrain, (n, s, cfg, out, ckpt)) for n in names for s in seeds]
+    cells += [runner.Cell(result_path(out, n, s, m), finetune, (n, m, s, cfg, out, ckpt), phase=1)
+              for n, m in finetunes for s in seeds]  # fmt: skip
 
-
-def _run_locked(cfg: LongContextConfig, seeds, out, ckpt, *, names, finetunes, jobs, log) -> None:
-    phase1 = [(pretrain, (n, s, cfg, out, ckpt)) for n in names for s in seeds if not finished(result_path(out, n, s), cfg)]
-    phase2 = [(finetune, (n, m, s, cfg, out, ckpt)) for n, m in finetunes for s in seeds
-              if not finished(result_path(out, n, s, m), cfg)]  # fmt: skip
-    for n, _m in finetunes:  # a fine-tune needs its pre-trained weights: redo the model if they are gone
-        for s in seeds:
-            if finished(result_path(out, n, s), cfg) and not ckpt_path(ckpt, cfg, n, s).exists() and any(
-                    a[:3] == (n, _m, s) for _, a in phase2):  # fmt: skip
+    def weights_again(todo: list[runner.Cell]) -> list[runner.Cell]:
+        """A fine-tune needs its pre-trained weights: the model is trained again if they are gone."""
+        again = []
+        for n, s in dict.fromkeys((c.args[0], c.args[2]) for c in todo if c.fn is finetune):
+            cell = runner.Cell(result_path(out, n, s), pretrain, (n, s, cfg, out, ckpt))
+            if cell not in todo and not ckpt_path(ckpt, cfg, n, s).exists():
                 log(f"weights of {n} seed {s} missing in {ckpt}: training it again")
-                # its result file stays until the new one replaces it (an interrupt keeps it)
-                if (pretrain, (n, s, cfg, out, ckpt)) not in phase1:
-                    phase1.append((pretrain, (n, s, cfg, out, ckpt)))
-    skipped = len(names) * len(seeds) + len(finetunes) * len(seeds) - len(phase1) - len(phase2)
-    if skipped:
-        log(f"skipping {skipped} finished result(s) in {out}")
-    for phase in (phase1, phase2):  # every pre-training before the fine-tunes that read its weights
-        run_calls(phase, jobs, log)
+                again.append(cell)
+        return again
 
-
-# -- reading results ------------------------------------------------------------------------------
-def load_results(out) -> list[dict]:
-    """Every result record in ``out``, checked."""
-    return load_records(out, SCHEMA, ("schema", "kind", "model", "seed", "config", "eval"))
-
-
-def summarize(records: Sequence[dict], metric: str = "ppl") -> dict[tuple[str, str, str], dict]:
-    """``(kind, model, method)`` -> lengths, mean, min, max over seeds, seeds."""
-    groups: dict[tuple[str, str, str], list[list[float]]] = {}
-    lengths: dict[tuple[str, str, str], list[int]] = {}
-    seeds: dict[tuple[str, str, str], list[int]] = {}
-    for r in records:
-        for method, rows in r["eval"].items():
-            key = (r["kind"], r["model"], method)
-            groups.setdefault(key, []).append([row[metric] for row in rows])
-            lengths[key] = [row["length"] for row in rows]
-            seeds.setdefault(key, []).append(r["seed"])
-    out = {}
-    for key, vals in groups.items():
-        t = torch.tensor(vals, dtype=torch.float64)
-        out[key] = {"lengths": lengths[key], "mean": t.mean(0).tolist(), "min": t.min(0).values.tolist(),
-                    "max": t.max(0).values.tolist(), "seeds": sorted(seeds[key])}  # fmt: skip
-    return out
+    runner.run_grid(cells, out=out, ckpt=ckpt, schema=RECORDS, config=asdict(cfg), jobs=jobs, log=log,
+                    also=weights_again)
 
 
 # -- command line ---------------------------------------------------------------------------------
-def parse_seeds(p, text: str) -> list[int]:
-    """``--seeds``, checked: a bad value ends the command through ``p.error`` with one line naming it."""
-    try:
-        return parse_seed_list(text)
-    except ValueError as err:
-        p.error(str(err))
-
-
-def run_command(p, out, ckpt, work, again: str) -> int:
-    """The end of a character-LM command line: refuse an ``--out`` or ``--ckpt`` that is a file, run ``work()``,
-    and turn its errors and Ctrl-C into one line (exit 2, or the interrupted code saying ``again``)."""
-    for flag, folder in (("--out", out), ("--ckpt", ckpt)):
-        if Path(folder).exists() and not Path(folder).is_dir():
-            p.error(f"{flag} {folder} is a file; give a folder")
-        try:  # both before the first is made: a --ckpt under a file must not leave an empty --out behind
-            check_folder_path(folder, flag)
-        except ValueError as err:
-            p.error(str(err))
-    t0 = time.perf_counter()
-    try:
-        with removed_if_left_empty(out, ckpt):  # refused in the lock (another writer, other settings): none stays
-            work()
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished results are kept in {out}", again), file=sys.stderr)
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
-    return 0
-
-
-def parse_names(p, text: str, valid: Sequence[str], *, flag: str = "--models", what: str = "model",
-                all_word: str | None = "all", note: str | None = None) -> list[str]:
-    """A comma-separated list of names from ``valid`` (``all_word`` alone: every one), checked: an unknown name or
-    an empty list ends the command through ``p.error`` with one line naming it and the valid choices (then
-    ``note``, by default ``, or 'all'``)."""
-    if all_word is not None and text.strip() == all_word:
-        return list(valid)
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    choices = ", ".join(valid) + (note if note is not None else f", or {all_word!r}" if all_word else "")
-    if not names:
-        p.error(f"{flag} is empty ({text!r}); valid choices: {choices}")
-    bad = [m for m in names if m not in valid]
-    if bad:
-        p.error(f"unknown {what}(s) {bad}; valid choices: {choices}")
-    return list(dict.fromkeys(names))
-
-
-def parse_selection(p, a, valid: list[str]) -> tuple[list[int], list[str]]:
-    """``--seeds``, ``--models`` and ``--jobs`` of a character-LM command line, checked: bad values end the
-    command through ``p.error`` with one line naming the value and the valid choices."""
-    seeds = parse_seeds(p, a.seeds)
-    names = parse_names(p, a.models, valid, flag=next(x for x in p._actions if x.dest == "models").option_strings[0])
-    if a.jobs < 1:
-        p.error(f"--jobs must be a positive integer, got {a.jobs}")
-    return seeds, names
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = CliParser(prog="python -m posenc_lib.experiments.long_context", description=__doc__.split("\n")[0])
     p.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
@@ -560,20 +259,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                "committed results are never the default)")
     p.add_argument("--ckpt", default="runs/longctx", help="where pre-trained weights are kept for the fine-tunes")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
-    p.add_argument("--resume", action="store_true",
-                   help="accepted for clarity: finished result files are always skipped")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
-    seeds, names = parse_selection(p, a, list(models(cfg)))
+    seeds, names = runner.parse_selection(p, a, list(models(cfg)))
     out = a.out or f"runs/longctx-{a.profile}"
-    return run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, names=names, finetunes=[] if
-                                                       a.no_finetune else None, jobs=a.jobs),
-                       "rerun the same command (with --resume) to train the others (finished ones are skipped)")
+    return runner.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, names=names,
+                                                              finetunes=[] if a.no_finetune else None, jobs=a.jobs))
 
 
 if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["LongContextConfig", "PROFILES", "METHODS", "scalings", "models", "run_all", "load_results",
-           "summarize", "evaluate"]  # fmt: skip
+__all__ = ["LongContextConfig", "PROFILES", "METHODS", "scalings", "models", "run_all"]  # records: charlm.load_results

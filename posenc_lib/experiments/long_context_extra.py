@@ -17,16 +17,18 @@ results (``--out results/long_context_extra`` names them); ``--out`` is locked w
 """
 from __future__ import annotations
 
-import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, interrupted_message, read_json,
-                     removed_if_left_empty, set_seed)
 from ..models.causal_lm import CausalLM
+from ..cli import CliParser
+from ..files import atomic_write_json, read_json
+from ..seeds import set_seed
+from . import charlm, runner
 from . import long_context as longctx
 
 #: the models this module trains
@@ -40,30 +42,35 @@ def result_file(name: str, out: str | Path = DEFAULT_OUT, seed: int = 0) -> Path
     return Path(out) / (f"t5_ablation_seed{seed}.json" if name == "t5-ablation" else f"{name}_seed{seed}.json")
 
 
+def finished(path: Path, cfg: longctx.LongContextConfig) -> bool:
+    """True when ``path`` holds this configuration's finished record; one of another configuration is refused."""
+    return runner.finished(path, charlm.RECORDS, asdict(cfg))
+
+
 def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
         out: str | Path = DEFAULT_OUT) -> Path:
     """Train and evaluate one model; ``out/PE_seedSEED.json`` (skipped if it exists with this configuration;
     a file made with another one is refused, not taken for this one)."""
     path = result_file(pe, out, seed)
-    if longctx.finished(path, cfg):
+    if finished(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = longctx.data(cfg)
+    vocab, train_ids, eval_ids = charlm.data(cfg)
     set_seed(seed)
     model = CausalLM(len(vocab), pe, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
                              dim_feedforward=cfg.dim_feedforward)
     t0 = time.perf_counter()
-    losses = longctx.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps,
+    losses = charlm.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps,
                                  lr=cfg.lr, warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)
     seconds = time.perf_counter() - t0
-    evals = {"none": longctx.evaluate(model, eval_ids, cfg.eval_lengths)}
+    evals = {"none": charlm.evaluate(model, eval_ids, cfg.eval_lengths)}
     extra = {"vocab_size": len(vocab)}
     if pe == "t5":
         extra["t5_bias_table"] = [[round(float(v), 5) for v in row]
                                   for row in model.pos.relative_attention_bias.weight.detach()]
-    rec = longctx._record("pretrain", pe, seed, cfg, model, losses, seconds, evals, **extra)
+    rec = charlm.record("pretrain", pe, seed, cfg, model, losses, seconds, evals, **extra)
     atomic_write_json(path, rec)
-    print(f"done {pe}: {seconds:.0f} s, " + longctx._ppl_line(evals), flush=True)
+    print(f"done {pe}: {seconds:.0f} s, " + charlm.ppl_line(evals), flush=True)
     return path
 
 
@@ -83,15 +90,15 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     ``out`` (0 when training is reproduced exactly; None without that file), and both evaluations.
     """
     path = result_file("t5-ablation", out, seed)
-    if longctx.finished(path, cfg):
+    if finished(path, cfg):
         return path
     torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = longctx.data(cfg)
+    vocab, train_ids, eval_ids = charlm.data(cfg)
     set_seed(seed)
     model = CausalLM(len(vocab), "t5", d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
                      dim_feedforward=cfg.dim_feedforward)
     t0 = time.perf_counter()
-    losses = longctx.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps,
+    losses = charlm.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps,
                                  lr=cfg.lr, warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)
     seconds = time.perf_counter() - t0
     table = model.pos.relative_attention_bias.weight                       # (num_buckets, heads)
@@ -102,15 +109,15 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     if committed.exists():
         ref = torch.tensor(read_json(committed)["t5_bias_table"])
         diff = round(float((table.detach() - ref).abs().max()), 6)
-    evals = {"as trained": longctx.evaluate(model, eval_ids, cfg.eval_lengths)}
+    evals = {"as trained": charlm.evaluate(model, eval_ids, cfg.eval_lengths)}
     with torch.no_grad():
         table[unseen] = table[max(seen)].clone()                          # every unseen bucket = the last trained one
-    evals["unseen buckets = last trained bucket"] = longctx.evaluate(model, eval_ids, cfg.eval_lengths)
-    rec = longctx._record("ablation", "t5", seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab),
+    evals["unseen buckets = last trained bucket"] = charlm.evaluate(model, eval_ids, cfg.eval_lengths)
+    rec = charlm.record("ablation", "t5", seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab),
                           trained_buckets=seen, unseen_buckets=unseen, table_max_abs_diff_vs_committed=diff)
     atomic_write_json(path, rec)
     print(f"done t5-ablation: {seconds:.0f} s, table vs committed {diff}; "
-          + "; ".join(f"{k}: " + longctx._ppl_line({"none": v}) for k, v in evals.items()), flush=True)
+          + "; ".join(f"{k}: " + charlm.ppl_line({"none": v}) for k, v in evals.items()), flush=True)
     return path
 
 
@@ -120,29 +127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the result files (default {DEFAULT_OUT}; the "
                                                       "committed results, results/long_context_extra, are never the "
                                                       "default)")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     bad = [n for n in a.names if n not in NAMES]
     if bad:
         p.error(f"unknown model(s) {bad}; valid choices: {', '.join(NAMES)}")
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        p.error(f"--out {a.out} is a file; give a folder")
-    try:
-        with removed_if_left_empty(a.out), FolderLock(a.out, what="--out folder"):
-            for name in dict.fromkeys(a.names):  # a file made with other settings is refused before any training
-                longctx.finished(result_file(name, a.out), longctx.COURSE)
-            for name in dict.fromkeys(a.names):
-                if name == "t5-ablation":
-                    t5_ablation(out=a.out)
-                else:
-                    run(name, out=a.out)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished models are kept in {a.out}", "run the same command again to train the "
-                                  "others (finished ones are skipped)"), file=sys.stderr)
-        return INTERRUPTED
-    return 0
+    cfg = longctx.COURSE
+    cells = [runner.Cell(result_file(name, a.out), make, (name, a.out)) for name in a.names]
+    return runner.run_command(p, a.out, None, lambda: runner.run_grid(
+        cells, out=a.out, schema=charlm.RECORDS, config=asdict(cfg)))
+
+
+def make(name: str, out) -> str:
+    """Model ``name`` of :data:`NAMES` trained, evaluated and written into ``out``."""
+    path = t5_ablation(out=out) if name == "t5-ablation" else run(name, out=out)
+    return f"{name}: {path}"
 
 
 if __name__ == "__main__":

@@ -52,10 +52,16 @@ from typing import Sequence
 
 import torch
 
-from ..utils import CliParser, FolderLock, atomic_write_json, run_calls, set_seed, unique_choices
+from ..checks import unique_choices
+from ..cli import CliParser
+from ..files import atomic_write_json
+from ..seeds import set_seed
+from . import charlm, runner
 from . import long_context as lc
 
 SCHEMA = "posenc.longctx-scaled/1"
+#: what a result file holds (a seed's readings or one fine-tune curve)
+RECORDS = runner.Schema(SCHEMA, ("schema", "kind", "seed", "config", "trials"))
 #: the static rescalings read with ``s = n / L``; ``dynamic`` (which does that by itself) beside them
 STATIC = ("linear", "ntk", "yarn", "llama3")
 READINGS = ("none", *STATIC, "dynamic")
@@ -68,6 +74,8 @@ def ft_points(cfg: lc.LongContextConfig) -> tuple[int, ...]:
     """The update counts a fine-tune is measured at: :data:`FT_POINTS` for the course profile, ``(0, the
     profile's finetune_steps)`` for the others (the smoke profile's few updates)."""
     return FT_POINTS if cfg.name == "course" else (0, cfg.finetune_steps)
+
+
 #: the passkey sentence and its question (lower case: the Europarl text the model read is mostly so)
 NEEDLE = " the pass key is {key}. "
 QUESTION = " the pass key is "
@@ -161,7 +169,7 @@ def measure(model, cfg, vocab, eval_ids, eval_text, trials: int, seed: int, meth
     rows = []
     for n in cfg.eval_lengths:
         read_with(model, cfg, method, factor_of(n))
-        ev = lc.evaluate(model, eval_ids, [n], first=cfg.train_len)[0]
+        ev = charlm.evaluate(model, eval_ids, [n], first=cfg.train_len)[0]
         ev["factor"] = factor_of(n)
         ev["ppl_first_L"] = ev.pop("ppl_first")
         fits = passkey_fits(n, cfg.train_len)  # not in the smoke profile's short windows
@@ -172,13 +180,13 @@ def measure(model, cfg, vocab, eval_ids, eval_text, trials: int, seed: int, meth
 
 # -- the jobs -------------------------------------------------------------------------------------
 def _eval_text(cfg) -> str:
-    return lc.load_text(cfg)[1]
+    return charlm.load_text(cfg)[1]
 
 
 def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> str:
     """Zero-shot: plain RoPE, each static method with ``s = n / L`` and with ``s = cfg.factor``, dynamic NTK."""
     torch.set_num_threads(cfg.threads)
-    vocab, _train_ids, eval_ids = lc.data(cfg)
+    vocab, _train_ids, eval_ids = charlm.data(cfg)
     eval_text = _eval_text(cfg)
     model, seconds = lc.weights("rope", cfg, seed, ckpt, len(vocab))
     t0 = time.perf_counter()
@@ -199,7 +207,7 @@ def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt,
     """Fine-tune the RoPE model with ``method`` at factor ``cfg.factor`` on the longest windows; measure it
     (both perplexities and passkey, every length) after each update count in ``points``."""
     torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = lc.data(cfg)
+    vocab, train_ids, eval_ids = charlm.data(cfg)
     eval_text = _eval_text(cfg)
     model, _ = lc.weights("rope", cfg, seed, ckpt, len(vocab))
     read_with(model, cfg, method, cfg.factor)
@@ -214,7 +222,7 @@ def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt,
 
     t0 = time.perf_counter()
     steps = max(points)
-    losses = lc.train_steps(model, train_ids, length=cfg.long_len, batch=cfg.finetune_batch, steps=steps,
+    losses = charlm.train_steps(model, train_ids, length=cfg.long_len, batch=cfg.finetune_batch, steps=steps,
                             lr=cfg.finetune_lr, warmup=max(1, steps // 10), grad_clip=cfg.grad_clip,
                             seed=10_000 + seed, log_every=25, at=points, on_update=on_update)  # fmt: skip
     rec = {"schema": SCHEMA, "kind": "finetune", "method": method, "seed": seed, "profile": cfg.name,
@@ -242,27 +250,27 @@ def _path(out, stem: str, seed: int) -> Path:
 
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trials: int = 200,
             finetunes: Sequence[str] = FINETUNED, jobs: int = 1, log=print) -> None:  # fmt: skip
-    """The readings of every seed, then the fine-tune curves; finished files are skipped."""
+    """The readings of every seed, then the fine-tune curves (:func:`runner.run_grid`); finished files are
+    skipped.  The readings train a seed's missing weights, one process per seed, so that two jobs never train
+    the same model; a seed whose readings are finished but whose weights are gone is trained first."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     finetunes = unique_choices("fine-tune method", finetunes, STATIC)
-    with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
-        # weights first, one process per seed, so that two jobs never train the same model
-        first = [(readings, (s, cfg, out, ckpt, trials)) for s in seeds
-                 if not lc.finished(_path(out, "readings", s), cfg, trials=trials)]  # fmt: skip
-        then = [(finetune_curve, (m, s, cfg, out, ckpt, trials)) for m in finetunes for s in seeds
-                if not lc.finished(_path(out, f"ft-{m}", s), cfg, trials=trials)]  # fmt: skip
-        for s in seeds:  # a fine-tune whose weights are missing waits for its readings to train them
-            if not lc.ckpt_path(ckpt, cfg, "rope", s).exists() and not any(a[0] == s for _, a in first):
-                first.append((_train_only, (s, cfg, ckpt)))
-        skipped = len(seeds) * (1 + len(finetunes)) - sum(fn is not _train_only for fn, _ in first) - len(then)
-        if skipped:
-            log(f"skipping {skipped} finished result(s) in {out}")
-        for phase in (first, then):
-            run_calls(phase, jobs if len(phase) > 1 else 1, log)
+    cells = [runner.Cell(_path(out, "readings", s), readings, (s, cfg, out, ckpt, trials)) for s in seeds]
+    cells += [runner.Cell(_path(out, f"ft-{m}", s), finetune_curve, (m, s, cfg, out, ckpt, trials), phase=1)
+              for m in finetunes for s in seeds]  # fmt: skip
+
+    def weights_first(todo: list[runner.Cell]) -> list[runner.Cell]:
+        reading = {c.args[0] for c in todo if c.fn is readings}
+        return [runner.Cell(lc.ckpt_path(ckpt, cfg, "rope", s), train_only, (s, cfg, ckpt)) for s in seeds
+                if s not in reading and not lc.ckpt_path(ckpt, cfg, "rope", s).exists()]  # fmt: skip
+
+    runner.run_grid(cells, out=out, ckpt=ckpt, schema=RECORDS, config=asdict(cfg), settings={"trials": trials},
+                    jobs=jobs, log=log, also=weights_first)
 
 
-def _train_only(seed: int, cfg, ckpt) -> str:
-    vocab, _, _ = lc.data(cfg)
+def train_only(seed: int, cfg, ckpt) -> str:
+    """The RoPE model of ``seed`` in ``ckpt``: trained again if its weights are not there."""
+    vocab, _, _ = charlm.data(cfg)
     torch.set_num_threads(cfg.threads)
     _, seconds = lc.weights("rope", cfg, seed, ckpt, len(vocab))
     return f"trained rope seed {seed} again ({seconds:.0f} s)" if seconds else f"rope seed {seed}: weights found"
@@ -270,7 +278,7 @@ def _train_only(seed: int, cfg, ckpt) -> str:
 
 def load_results(out) -> list[dict]:
     """Every record in ``out``, checked."""
-    return lc.load_records(out, SCHEMA)
+    return runner.load_results(out, RECORDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -283,19 +291,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="folder for the result files (default runs/longctx-scaled-PROFILE)")
     p.add_argument("--ckpt", default="runs/longctx", help="where long_context keeps the pre-trained weights")
     p.add_argument("--jobs", type=int, default=1, help="worker processes")
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     cfg = lc.PROFILES[a.profile]
-    seeds = lc.parse_seeds(p, a.seeds)
-    fts = [] if a.finetunes.strip() == "none" else lc.parse_names(
+    seeds = runner.parse_seeds(p, a.seeds)
+    fts = [] if a.finetunes.strip() == "none" else runner.parse_names(
         p, a.finetunes, STATIC, flag="--finetunes", what="fine-tune method", all_word=None, note=", or 'none'")
     if a.trials < 1:
         p.error(f"--trials must be a positive integer, got {a.trials}")
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
     out = a.out or f"runs/longctx-scaled-{a.profile}"
-    return lc.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, trials=a.trials, finetunes=fts,
-                                                          jobs=a.jobs),
-                          "rerun the same command to measure the others (finished ones are skipped)")
+    return runner.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, trials=a.trials,
+                                                              finetunes=fts, jobs=a.jobs))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ Command line::
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -45,12 +44,17 @@ from typing import Sequence
 
 import torch
 
-from ..utils import (CliParser, FolderLock, atomic_write_json, check_float_range, check_positive_int, run_calls,
-                     unique_choices)
+from ..checks import check_float_range, check_positive_int, unique_choices
+from ..cli import CliParser
+from ..files import atomic_write_json
+from . import charlm, runner
 from . import long_context as lc
 from . import long_context_scaled as ls
 
 SCHEMA = "posenc.passkey-trained/1"
+#: what a result file holds
+RECORDS = runner.Schema(SCHEMA, ("schema", "model", "seed", "config", "passkey_training", "readings",
+                                 "in_range_curve", "ppl"))
 #: the models trained (names of long_context.models) and the readings each is asked with
 READINGS: dict[str, tuple[str, ...]] = {"alibi": ("none",), "nope": ("none",), "rope": ("none", "linear", "ntk", "yarn")}
 MODELS = tuple(READINGS)
@@ -99,7 +103,7 @@ def training_windows(vocab, train_text: str, train_ids: torch.Tensor, cfg: lc.Lo
         raise ValueError(f"train_len={cfg.train_len} is too short for a passkey window (needs >= 45)")
 
     def windows(step: int, g: torch.Generator) -> torch.Tensor:
-        plain = lc.random_windows(train_ids, cfg.train_len, cfg.batch_size - k, g)
+        plain = charlm.random_windows(train_ids, cfg.train_len, cfg.batch_size - k, g)
         keys, _, _ = ls.passkey_batch(vocab, train_text, n, n, k, seed * 1_000_003 + step)
         return torch.cat((plain, keys)) if k else plain
 
@@ -126,8 +130,8 @@ def train_one(name: str, seed: int, pk: PasskeyTraining, out) -> str:
     """Train one model with passkey windows mixed in, ask it at every length and reading, write its record."""
     cfg = pk.lm()
     torch.set_num_threads(cfg.threads)
-    train_text, eval_text = lc.load_text(cfg)
-    vocab, train_ids, eval_ids = lc.data(cfg)
+    train_text, eval_text = charlm.load_text(cfg)
+    vocab, train_ids, eval_ids = charlm.data(cfg)
     curve: list[list] = []
     test_seed = TEST_SEED
 
@@ -136,12 +140,12 @@ def train_one(name: str, seed: int, pk: PasskeyTraining, out) -> str:
         curve.append([u, r["retrieved"], r["digits"]])
 
     points = list(range(pk.check_every, pk.steps + 1, pk.check_every))
-    _, _, model, losses, seconds = lc.train_at_length(
+    _, _, model, losses, seconds = charlm.train_at_length(
         lambda v: lc.make_model(name, cfg, v), seed, cfg, at=points, on_update=check,
         windows=training_windows(vocab, train_text, train_ids, cfg, pk, seed))  # fmt: skip
     t0 = time.perf_counter()
     readings = asked(model, name, cfg, vocab, eval_text, pk.trials, test_seed)
-    ppl = [{"length": r["length"], "ppl": r["ppl"]} for r in lc.evaluate(model, eval_ids, cfg.eval_lengths)]
+    ppl = [{"length": r["length"], "ppl": r["ppl"]} for r in charlm.evaluate(model, eval_ids, cfg.eval_lengths)]
     rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": pk.name, "config": asdict(cfg),
            "passkey_training": asdict(pk), "num_parameters": sum(p.numel() for p in model.parameters()),
            "train_loss": losses, "train_seconds": round(seconds, 1), "in_range_curve": curve,
@@ -159,25 +163,23 @@ def result_path(out, name: str, seed: int) -> Path:
 
 def finished(path: Path, pk: PasskeyTraining) -> bool:
     """A finished record of this profile (and these passkey settings); another one is a ``ValueError``."""
-    return lc.finished(path, pk.lm(), passkey_training=json.loads(json.dumps(asdict(pk))))
+    return runner.finished(path, RECORDS, asdict(pk.lm()), passkey_training=asdict(pk))
 
 
 def run_all(pk: PasskeyTraining, seeds: Sequence[int], out, *, names: Sequence[str] = MODELS, jobs: int = 1,
             log=print) -> None:  # fmt: skip
-    """Every (model, seed) not yet in ``out``; ``jobs`` worker processes; ``out`` locked meanwhile."""
+    """Every (model, seed) not yet in ``out`` (:func:`runner.run_grid`); ``jobs`` worker processes; ``out``
+    locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     names = unique_choices("model", names, MODELS)
-    jobs = check_positive_int("jobs", jobs)
-    with FolderLock(out, what="--out folder", log=log):
-        todo = [(m, s) for s in seeds for m in names if not finished(result_path(out, m, s), pk)]
-        if len(todo) < len(names) * len(seeds):
-            log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        run_calls([(train_one, (m, s, pk, out)) for m, s in todo], jobs, log)
+    cells = [runner.Cell(result_path(out, m, s), train_one, (m, s, pk, out)) for s in seeds for m in names]
+    runner.run_grid(cells, out=out, schema=RECORDS, config=asdict(pk.lm()), settings={"passkey_training": asdict(pk)},
+                    jobs=jobs, log=log)
 
 
 def load_results(out) -> list[dict]:
     """Every record in ``out``, checked."""
-    return lc.load_records(out, SCHEMA, ("readings", "in_range_curve", "ppl"))
+    return runner.load_results(out, RECORDS)
 
 
 def summarize(records: Sequence[dict]) -> dict[tuple[str, str], dict]:
@@ -204,14 +206,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--models", default="all", help="'all' or comma-separated names from " + ", ".join(MODELS))
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes); default 1")
     p.add_argument("--out", default=None, help="folder for the result files (default runs/passkey-trained-PROFILE)")
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     pk = PROFILES[a.profile]
-    seeds, names = lc.parse_selection(p, a, list(MODELS))
+    seeds, names = runner.parse_selection(p, a, list(MODELS))
     out = a.out or f"runs/passkey-trained-{a.profile}"
-    if Path(out).exists() and not Path(out).is_dir():
-        p.error(f"--out {out} is a file; give a folder")
-    return lc.run_command(p, out, out, lambda: run_all(pk, seeds, out, names=names, jobs=a.jobs),
-                          "rerun the same command to train the others (finished ones are skipped)")
+    return runner.run_command(p, out, None, lambda: run_all(pk, seeds, out, names=names, jobs=a.jobs))
 
 
 if __name__ == "__main__":

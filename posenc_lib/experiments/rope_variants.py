@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
-from pathlib import Path
+from dataclasses import asdict, replace
 from typing import Any, Sequence
 
 import torch
 
 from ..models.causal_lm import CausalLM
 from ..schemes.rope_spectrum import rotary_pairs
-from ..utils import (INTERRUPTED, CliParser, FolderLock, atomic_write_json, check_positive_int, interrupted_message,
-                     removed_if_left_empty, run_calls, set_seed, timing_command)
+from ..cli import CliParser, timing_command
+from ..files import atomic_write_json
+from . import charlm, runner
 from . import long_context as lc
 
 #: the fractions of each head that rotate, and the two kinds of partial rotary
@@ -91,74 +91,46 @@ def make_model(name: str, cfg: lc.LongContextConfig, vocab_size: int) -> CausalL
 
 def train_one(name: str, seed: int, cfg: lc.LongContextConfig, out) -> str:
     """Train one model at ``train_len`` and evaluate it at every length; write its result file."""
-    vocab, eval_ids, model, losses, seconds = lc.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
+    vocab, eval_ids, model, losses, seconds = charlm.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg)
     t1 = time.perf_counter()
-    evals = {"none": lc.evaluate(model, eval_ids, cfg.eval_lengths)}
-    rec = lc._record("pretrain", name, seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab),
+    evals = {"none": charlm.evaluate(model, eval_ids, cfg.eval_lengths)}
+    rec = charlm.record("pretrain", name, seed, cfg, model, losses, seconds, evals, vocab_size=len(vocab),
                      eval_seconds=round(time.perf_counter() - t1, 1), pe=repr(models(cfg)[name]))  # fmt: skip
     atomic_write_json(lc.result_path(out, name, seed), rec)
-    return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, " + lc._ppl_line(evals)
+    return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, " + charlm.ppl_line(evals)
 
 
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, *, names: Sequence[str] | None = None,
             jobs: int = 1, log=print) -> None:  # fmt: skip
-    """Train every (model, seed) not yet in ``out``; ``jobs`` worker processes.
+    """Train every (model, seed) not yet in ``out`` (:func:`runner.run_grid`); ``jobs`` worker processes.
 
     ``out`` is locked while this runs; a result file made with another configuration is refused
     (``ValueError``); Ctrl-C stops every worker at once, and what finished is kept (a rerun skips it).
     """
-    jobs = check_positive_int("jobs", jobs)
     seeds = list(dict.fromkeys(int(s) for s in seeds))  # a model or seed named twice is trained once
     names = list(dict.fromkeys(models(cfg) if names is None else names))
-    with FolderLock(out, what="--out folder", log=log):
-        todo = [(n, s) for n in names for s in seeds if not lc.finished(lc.result_path(out, n, s), cfg)]
-        if len(todo) < len(names) * len(seeds):
-            log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        run_calls([(train_one, (n, s, cfg, out)) for n, s in todo], jobs, log)
+    cells = [runner.Cell(lc.result_path(out, n, s), train_one, (n, s, cfg, out)) for n in names for s in seeds]
+    runner.run_grid(cells, out=out, schema=charlm.RECORDS, config=asdict(cfg), jobs=jobs, log=log)
 
 
 def time_updates(cfg: lc.LongContextConfig, updates: int = 20, warmup: int = 3, names: Sequence[str] | None = None,
                  log=print) -> dict[str, Any]:  # fmt: skip
     """Time each model's training updates (after ``warmup`` untimed ones; one thread, as in the run) and one
-    evaluation pass at every length; project the sweep with 3 seeds.
-
-    Both wall time and the process's CPU time are kept: on cores shared with other work the wall time is
-    longer than the CPU time the run needs.  Returns per-model seconds and the projected totals.
-    """
+    evaluation pass at every length; project the sweep with 3 seeds (:func:`runner.time_updates`)."""
     torch.set_num_threads(cfg.threads)
-    vocab, train_ids, eval_ids = lc.data(cfg)
-    names = list(models(cfg)) if names is None else list(names)
-    rows: dict[str, dict[str, float]] = {}
-    for name in names:
-        set_seed(0)
-        model = make_model(name, cfg, len(vocab))
-        kw = dict(length=cfg.train_len, batch=cfg.batch_size, lr=cfg.lr, warmup=1, grad_clip=cfg.grad_clip)
-        lc.train_steps(model, train_ids, steps=warmup, seed=0, **kw)
-        w0, c0 = time.perf_counter(), time.process_time()
-        lc.train_steps(model, train_ids, steps=updates, seed=1, **kw)
-        w1, c1 = time.perf_counter(), time.process_time()
-        lc.evaluate(model, eval_ids, cfg.eval_lengths)
-        w2, c2 = time.perf_counter(), time.process_time()
-        rows[name] = {"wall_per_update": (w1 - w0) / updates, "cpu_per_update": (c1 - c0) / updates,
-                      "eval_wall": w2 - w1, "eval_cpu": c2 - c1}  # fmt: skip
-        r = rows[name]
-        log(f"{name}: {r['cpu_per_update'] * 1000:.0f} ms CPU per update ({r['wall_per_update'] * 1000:.0f} ms wall), "
-            f"evaluation {r['eval_cpu']:.1f} s CPU ({r['eval_wall']:.1f} s wall)")  # fmt: skip
-    cpu = 3 * sum(r["cpu_per_update"] * cfg.steps + r["eval_cpu"] for r in rows.values())
-    wall = 3 * sum(r["wall_per_update"] * cfg.steps + r["eval_wall"] for r in rows.values())
-    rows = {n: {k: round(v, 4) for k, v in r.items()} for n, r in rows.items()}
-    log(f"projected for {len(names)} models x 3 seeds ({cfg.steps} updates each): {cpu / 60:.0f} CPU minutes "
-        f"({wall / 60:.0f} minutes at the wall-clock rate measured here); with --jobs 2 on 2 free cores about "
-        f"{cpu / 120:.0f} minutes of wall time")  # fmt: skip
-    return {"profile": cfg.name, "updates_timed": updates, "steps": cfg.steps, "threads": cfg.threads,
-            "per_model": rows, "cpu_seconds_3_seeds": round(cpu, 1), "wall_seconds_3_seeds": round(wall, 1),
-            "torch": torch.__version__}  # fmt: skip
+    vocab, train_ids, eval_ids = charlm.data(cfg)
+    kw = dict(length=cfg.train_len, batch=cfg.batch_size, lr=cfg.lr, warmup=1, grad_clip=cfg.grad_clip)
+    return runner.time_updates(
+        list(models(cfg)) if names is None else list(names), lambda name: make_model(name, cfg, len(vocab)),
+        lambda model, n, seed: charlm.train_steps(model, train_ids, steps=n, seed=seed, **kw),
+        lambda name, model: charlm.evaluate(model, eval_ids, cfg.eval_lengths), updates=updates, warmup=warmup,
+        steps=cfg.steps, threads=cfg.threads, profile=cfg.name, log=log)  # fmt: skip
 
 
 # -- reading results ------------------------------------------------------------------------------
 def table(records: Sequence[dict]) -> dict[tuple[str, float], dict]:
     """``(kind, fraction)`` -> the seed summary of its model (:func:`long_context.summarize`), every cell of the sweep."""
-    summary = lc.summarize(records)
+    summary = charlm.summarize(records)
     return {(k, f): summary[("pretrain", model_name(k, f), "none")] for k in KINDS for f in FRACTIONS
             if ("pretrain", model_name(k, f), "none") in summary}  # fmt: skip
 
@@ -176,31 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="time N updates and one evaluation per model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
     p.add_argument("--overwrite", action="store_true", help="with --timing-out: replace an existing file")
-    p.add_argument("--resume", action="store_true",
-                   help="accepted for clarity: finished result files are always skipped")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
-    seeds, names = lc.parse_selection(p, a, list(models(cfg)))
+    seeds, names = runner.parse_selection(p, a, list(models(cfg)))
     code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names))
     if code is not None:
         return code
     out = a.out or f"runs/rope-variants-{a.profile}"
-    if Path(out).exists() and not Path(out).is_dir():
-        p.error(f"--out {out} is a file; give a folder")
-    t0 = time.perf_counter()
-    try:
-        with removed_if_left_empty(out):  # a refusal in the lock (another writer) leaves no folder it made
-            run_all(cfg, seeds, out, names=names, jobs=a.jobs)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(interrupted_message(f"finished results are kept in {out}", "rerun the same command (with --resume) to "
-                                  "train the others (finished ones are skipped)"), file=sys.stderr)  # fmt: skip
-        return INTERRUPTED
-    print(f"all done in {time.perf_counter() - t0:.0f} s; results in {out}")
-    return 0
-
+    return runner.run_command(p, out, None, lambda: run_all(cfg, seeds, out, names=names, jobs=a.jobs))
 
 if __name__ == "__main__":
     sys.exit(main())

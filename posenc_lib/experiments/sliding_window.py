@@ -39,10 +39,15 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..utils import CliParser, FolderLock, atomic_write_json, unique_choices
+from ..checks import unique_choices
+from ..cli import CliParser
+from ..files import atomic_write_json
+from . import charlm, runner
 from . import long_context as lc
 
 SCHEMA = "posenc.sliding-window/1"
+#: what a result file holds
+RECORDS = runner.Schema(SCHEMA, ("schema", "model", "seed", "config", "whole", "sliding"))
 #: the models read (names of long_context.models); NoPE, the variants and the fine-tunes are left out
 MODELS = ("alibi", "rope", "nope")
 
@@ -84,10 +89,10 @@ def _row(n: int, nll: torch.Tensor, bins: int = 8) -> dict:
 def read_model(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt) -> str:
     """Both readings of one pre-trained model at every eval length; writes its record."""
     torch.set_num_threads(cfg.threads)
-    vocab, _train_ids, eval_ids = lc.data(cfg)
+    vocab, _train_ids, eval_ids = charlm.data(cfg)
     model, seconds = lc.weights(name, cfg, seed, ckpt, len(vocab))
     t0 = time.perf_counter()
-    whole = lc.evaluate(model, eval_ids, cfg.eval_lengths)
+    whole = charlm.evaluate(model, eval_ids, cfg.eval_lengths)
     sliding = [_row(n, sliding_nll(model, eval_ids, n, cfg.train_len)) for n in cfg.eval_lengths]
     rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "window": cfg.train_len, "whole": [{k: r[k] for k in ("length", "nll", "ppl", "nll_by_position")}
@@ -105,20 +110,17 @@ def _path(out, name: str, seed: int) -> Path:
 
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names: Sequence[str] = MODELS,
             log=print) -> None:  # fmt: skip
-    """Every (model, seed) not yet in ``out``, one after the other; ``out`` and ``ckpt`` locked meanwhile."""
+    """Every (model, seed) not yet in ``out``, one after the other (:func:`runner.run_grid`); ``out`` and ``ckpt``
+    locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     names = unique_choices("model", names, MODELS)
-    with FolderLock(out, what="--out folder", log=log), FolderLock(ckpt, what="--ckpt folder", log=log):
-        todo = [(m, s) for m in names for s in seeds if not lc.finished(_path(out, m, s), cfg)]
-        if len(todo) < len(names) * len(seeds):
-            log(f"skipping {len(names) * len(seeds) - len(todo)} finished result(s) in {out}")
-        for m, s in todo:
-            log(read_model(m, s, cfg, out, ckpt))
+    cells = [runner.Cell(_path(out, m, s), read_model, (m, s, cfg, out, ckpt)) for m in names for s in seeds]
+    runner.run_grid(cells, out=out, ckpt=ckpt, schema=RECORDS, config=asdict(cfg), log=log)
 
 
 def load_results(out) -> list[dict]:
     """Every record in ``out``, checked."""
-    return lc.load_records(out, SCHEMA)
+    return runner.load_results(out, RECORDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,13 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated names from " + ", ".join(MODELS))
     p.add_argument("--out", default=None, help="folder for the result files (default runs/sliding-window-PROFILE)")
     p.add_argument("--ckpt", default="runs/longctx", help="where long_context keeps the pre-trained weights")
+    p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     a = p.parse_args(argv)
     cfg = lc.PROFILES[a.profile]
-    seeds = lc.parse_seeds(p, a.seeds)
-    names = lc.parse_names(p, a.models, MODELS, all_word=None)
+    seeds = runner.parse_seeds(p, a.seeds)
+    names = runner.parse_names(p, a.models, MODELS, all_word=None)
     out = a.out or f"runs/sliding-window-{a.profile}"
-    return lc.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, names=names),
-                          "rerun the same command to read the others (finished ones are skipped)")
+    return runner.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, names=names))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import torch
 
 from . import decoding
 from .seq2seq import Seq2SeqTransformer
-from ..utils import check_float_range, check_padding_mask, check_positive_int, check_token_tensor
+from ..checks import check_float_range, check_padding_mask, check_positive_int, check_token_tensor
 
 
 def length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor | float:

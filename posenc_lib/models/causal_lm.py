@@ -32,7 +32,7 @@ from torch import nn
 
 from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
 from ..schemes.registry import canonical_pe, make_scheme
-from ..utils import check_bool, check_divides, check_positive_int, check_token_tensor
+from ..checks import check_bool, check_divides, check_positive_int, check_token_tensor
 
 
 def _check_vocab_ids(name: str, ids: torch.Tensor, vocab: int, note: str = "") -> None:

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .seq2seq import FEW_ROWS, Seq2SeqTransformer
-from ..utils import check_bool, check_positive_int, check_token_tensor
+from ..checks import check_bool, check_positive_int, check_token_tensor
 
 #: on an accelerator, decoding loops check "has every row finished?" once per this many steps
 SYNC_EVERY = 8

@@ -27,9 +27,8 @@ from torch import nn
 
 from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
 from ..schemes.registry import canonical_pe, make_scheme
-from ..utils import (
-    check_divides, check_float_range, check_int_range, check_padding_mask, check_positive_int, check_token_tensor,
-)
+from ..checks import (check_divides, check_float_range, check_int_range, check_padding_mask, check_positive_int,
+                      check_token_tensor)
 
 
 #: the most rows (sequences x new tokens) for which :meth:`Seq2SeqTransformer.logits` puts the vocabulary matrix

@@ -28,7 +28,7 @@ import numbers
 import torch
 from torch import nn
 
-from ..utils import check_float_range, check_float_tensor, check_position_tensor, check_positive_int
+from ..checks import check_float_range, check_float_tensor, check_position_tensor, check_positive_int
 
 
 def _check_dtype(dtype, floating: bool = False) -> None:

@@ -35,9 +35,8 @@ import torch
 
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
-from ..utils import (
-    check_bool, check_choice, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
-)
+from ..checks import check_bool, check_choice, check_position_tensor, check_positive_int
+from ..utils import consecutive, relative_positions, toeplitz_bias
 
 #: a bias of at least this many elements (heads x queries x keys) over consecutive positions is kept as one value per
 #: offset ``j - i`` (the same values as :func:`alibi_bias`), laid out whole only where a call needs it and block by

@@ -44,7 +44,7 @@ from torch import nn
 
 from ..attention.layer import PositionScheme
 from .registry import register_scheme
-from ..utils import check_positive_int
+from ..checks import check_positive_int
 
 
 def cope_positions(q, k, q_pos, k_pos, scale: float, causal: bool = True) -> torch.Tensor:

@@ -32,7 +32,7 @@ from torch import nn
 from ..attention.layer import PositionScheme, check_positions
 from .registry import register_scheme
 from ..attention.step import distance_table
-from ..utils import check_position_tensor, check_positive_int
+from ..checks import check_position_tensor, check_positive_int
 
 
 def deberta_log_bucket(relative_position: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:

@@ -52,7 +52,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
-from ..utils import check_float_range, check_positive_int, table_bias
+from ..checks import check_float_range, check_positive_int
+from ..utils import table_bias
 
 #: added to the normaliser ``psi(max(L, i))`` (the paper's reference code)
 EPS = 1e-6

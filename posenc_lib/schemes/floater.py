@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..utils import check_positive_int
+from ..checks import check_positive_int
 
 
 class Floater(nn.Module):

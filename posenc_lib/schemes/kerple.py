@@ -34,7 +34,8 @@ from torch import nn
 
 from ..attention.layer import PositionScheme, on_host
 from .registry import register_scheme
-from ..utils import check_choice, relative_positions, table_bias
+from ..checks import check_choice
+from ..utils import relative_positions, table_bias
 
 KERNELS = ("log", "power")
 #: the smallest value of ``r1`` and ``r2`` (the authors' code)

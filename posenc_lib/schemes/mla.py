@@ -47,7 +47,7 @@ from torch import nn
 
 from .rope_scaling import LENGTH_DEPENDENT, check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies, yarn_mscale
 from .rotary import apply_rope_cos_sin, rope_cos_sin
-from ..utils import check_even, check_positive_int
+from ..checks import check_even, check_positive_int
 
 __all__ = ["LatentAttention", "latent_attention_from_config", "softmax_mscale", "kv_cache_elements", "CACHE_KINDS"]
 

@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 
 from .rotary import apply_rope_cos_sin, rope_frequencies
-from ..utils import check_even, check_positive_int
+from ..checks import check_even, check_positive_int
 
 __all__ = ["MROPE_LAYOUTS", "mrope_position_ids", "mrope_axes", "mrope_cos_sin", "apply_mrope"]
 

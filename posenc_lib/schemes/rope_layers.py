@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..attention.layer import PositionScheme
-from ..utils import check_positive_int
+from ..checks import check_positive_int
 
 __all__ = ["rope_nope_pattern", "llama4_attention_scale", "NoPETemperature", "layers_from_config", "LAYER_FAMILIES"]
 

@@ -81,7 +81,7 @@ from typing import Any
 
 import torch
 
-from ..utils import INTEGER_DTYPES, check_bool, check_even, check_float_range, check_position_tensor
+from ..checks import INTEGER_DTYPES, check_bool, check_even, check_float_range, check_position_tensor
 
 #: rope_type -> (required keys, optional keys with their defaults)
 ROPE_TYPES: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {

@@ -40,7 +40,7 @@ from numbers import Real
 import torch
 
 from .rope_scaling import scaled_rope_frequencies
-from ..utils import check_even, check_positive_int
+from ..checks import check_even, check_positive_int
 
 __all__ = ["PARTIAL_KINDS", "rotary_pairs", "partial_rotary_ladder", "full_turn_pairs", "similarity_margin",
            "first_negative_margin", "base_lower_bound"]  # fmt: skip

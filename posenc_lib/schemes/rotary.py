@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from .rope_scaling import LENGTH_DEPENDENT, check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies  # noqa: F401
-from ..utils import check_bool, check_even, check_float_range, check_float_tensor, check_position_tensor
+from ..checks import check_bool, check_even, check_float_range, check_float_tensor, check_position_tensor
 
 
 def rope_frequencies(head_dim: int, base: float = 10000.0, device=None) -> torch.Tensor:

@@ -45,7 +45,8 @@ from torch import nn
 from ..attention.cpu_flash import sum_per_row
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
-from ..utils import check_positive_int, relative_positions
+from ..checks import check_positive_int
+from ..utils import relative_positions
 
 
 def shaw_index(q_pos: torch.Tensor, k_pos: torch.Tensor, max_relative_position: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ import numbers
 import torch
 from torch import nn
 
-from ..utils import check_even, check_float_range, check_position_tensor, check_positive_int
+from ..checks import check_even, check_float_range, check_position_tensor, check_positive_int
 
 
 def sinusoidal_frequencies(dim: int, base: float = 10000.0, dtype=torch.float32, device=None) -> torch.Tensor:

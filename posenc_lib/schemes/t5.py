@@ -30,9 +30,8 @@ from torch import nn
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
 from ..attention.step import distance_table
-from ..utils import (
-    check_bool, check_position_tensor, check_positive_int, consecutive, relative_positions, toeplitz_bias,
-)
+from ..checks import check_bool, check_position_tensor, check_positive_int
+from ..utils import consecutive, relative_positions, toeplitz_bias
 
 #: a bias of at least this many elements (heads x queries x keys) over consecutive positions is laid out from one value
 #: per offset (see :meth:`T5Bias.compute_bias`), so its gradient sums per diagonal instead of over every (query, key)

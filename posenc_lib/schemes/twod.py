@@ -24,7 +24,7 @@ from torch import nn
 
 from .rotary import apply_rope
 from .sinusoidal import sinusoidal_table_2d
-from ..utils import check_even, check_positive_int
+from ..checks import check_even, check_positive_int
 
 __all__ = ["grid_positions", "relative_offsets_2d", "RelativeBias2D", "axial_rope"]
 

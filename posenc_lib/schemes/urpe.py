@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..utils import check_positive_int
+from ..checks import check_positive_int
 
 
 def toeplitz_from_distances(g: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, max_distance: int) -> torch.Tensor:

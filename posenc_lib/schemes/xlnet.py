@@ -32,7 +32,7 @@ from torch import nn
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
 from ..attention.step import distance_table
-from ..utils import check_even, check_float_range, check_position_tensor
+from ..checks import check_even, check_float_range, check_position_tensor
 
 
 def xlnet_sinusoid(distances: torch.Tensor, d_model: int, base: float = 10000.0) -> torch.Tensor:

@@ -43,7 +43,7 @@ import torch
 
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
-from ..utils import check_even, check_float_range, check_positive_int
+from ..checks import check_even, check_float_range, check_positive_int
 from .rotary import RotaryCache, _apply_rope_cos_sin
 
 #: the largest ``|log(factor)|`` allowed (float32 and bfloat16 hold ``exp(+-88)``; a margin for the product)

@@ -41,8 +41,11 @@ from .evaluate import MAX_SRC_TOKENS, translate
 from ...schemes.registry import canonical_pe
 from .tokenizer import get_tokenizer
 from .train import PROFILES, canonical_run_pe, Precision, Profile, get_profile, resolve_precision, train_model, validation_loss
-from ...utils import (INTERRUPTED, CliParser, FolderLock, WorkerPool, atomic_torch_save, atomic_write_json,
-                      available_cores, check_folder_path, check_positive_int, interrupted_message, read_json, removed_if_left_empty)
+from ...checks import check_positive_int
+from ...cli import INTERRUPTED, CliParser, interrupted_message
+from ...files import (FolderLock, atomic_torch_save, atomic_write_json, check_folder_path, read_json,
+                      removed_if_left_empty)
+from ...pool import WorkerPool, available_cores
 from .data import check_data_dir
 from .pipeline import (DIRECTIONS, DEFAULT_PES, check_hardware, default_ckpt_dir, hardware, make_run_folders,
                        parse_pes, parse_seeds, parse_sets, prepare_data, resolve_jobs)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ...utils import INTERRUPTED, CliParser, check_folder_path, interrupted_message
+from ...cli import INTERRUPTED, CliParser, interrupted_message
+from ...files import check_folder_path
 from . import calibrate, pipeline
 from .data import check_data_dir
 from .pipeline import (DEFAULT_PES, DIRECTIONS, check_device, check_hardware, make_data, parse_pes, parse_seeds, parse_sets,

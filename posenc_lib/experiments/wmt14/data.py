@@ -29,8 +29,8 @@ import random
 import zlib
 from pathlib import Path
 
-from ...utils import (LOCK_NAME, REPO_ROOT, FolderLock, atomic_write_json, atomic_write_text, check_positive_int,
-                      one_line)
+from ...checks import check_positive_int
+from ...files import LOCK_NAME, REPO_ROOT, FolderLock, atomic_write_json, atomic_write_text, one_line
 
 #: the shipped data directory (repository root / data / wmt14-fr-en)
 SHIPPED_DIR = REPO_ROOT / "data" / "wmt14-fr-en"

@@ -44,9 +44,11 @@ from pathlib import Path
 import torch
 
 from ...schemes.registry import PE_TYPES, canonical_pe
-from ...utils import (FolderLock, WorkerPool, atomic_torch_save, atomic_write_json, atomic_write_text, available_cores,
-                      check_choice, check_folder_path, one_line, parse_seed_list, read_json, read_lines_exact,
-                      removed_if_left_empty)
+from ...checks import check_choice
+from ...files import (FolderLock, atomic_torch_save, atomic_write_json, atomic_write_text, check_folder_path, one_line,
+                      read_json, read_lines_exact, removed_if_left_empty)
+from ...pool import WorkerPool, available_cores
+from ...seeds import parse_seed_list
 from .data import check_aligned, check_data_dir, hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
 from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
                        translate)

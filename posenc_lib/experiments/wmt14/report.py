@@ -19,7 +19,9 @@ import hashlib
 import math
 from pathlib import Path
 
-from ...utils import atomic_write_json, check_choice, interval95, read_json, t_quantile_975  # noqa: F401 (re-exported)
+from ...checks import check_choice  # noqa: F401 (re-exported)
+from ...files import atomic_write_json, read_json
+from ...stats import interval95, t_quantile_975  # noqa: F401 (re-exported)
 from .evaluate import bleu_chrf, paired_bootstrap
 from .pipeline import TESTS, bleu_by_length, run_schemes
 from .tokenizer import get_tokenizer
@@ -458,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     ``... precision RUN_A RUN_B`` writes ``RUN_B/precision.md``."""
     import sys
 
-    from ...utils import CliParser, atomic_write_text
+    from ...cli import CliParser
+    from ...files import atomic_write_text
 
     ap = CliParser(prog="python -m posenc_lib.experiments.wmt14.report",
                    description="Tables generated from finished WMT14 run folders.")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from ...utils import REPO_ROOT
+from ...files import REPO_ROOT
 
 #: the shipped mBERT vocabulary (see data/SOURCES.md)
 MBERT_VOCAB = REPO_ROOT / "data" / "vocab" / "bert-base-multilingual-cased-vocab.txt"

@@ -40,7 +40,9 @@ from .evaluate import pad_batch
 from ...models.seq2seq import build_model
 from ...schemes.registry import PE_TYPES, canonical_pe
 from .tokenizer import TOKENIZERS
-from ...utils import atomic_torch_save, atomic_write_text, check_choice, set_seed
+from ...checks import check_choice
+from ...files import atomic_torch_save, atomic_write_text
+from ...seeds import set_seed
 
 #: ``precision`` values: ``auto`` = bf16 where the GPU supports it, else fp16 (+ GradScaler); fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
