@@ -52,7 +52,7 @@ def lessons(root: Path = ROOT) -> list[Path]:
 
 
 #: the library's parts in the order the sidebar lists them (a folder of posenc_lib, or a top-level module)
-PARTS = ("schemes", "attention", "models", "experiments", "course", "checks", "seeds", "files", "pool", "cli",
+PARTS = ("schemes", "attention", "kernels", "models", "experiments", "course", "checks", "seeds", "files", "pool", "cli",
          "stats", "utils")
 
 
