@@ -2,7 +2,6 @@
 rotary key with its softmax-scale correction, Llama 4 Scout's and Maverick's bases and scaling -- on tiny random
 ``transformers`` configs that carry the released rope fields, against ``transformers``' own code at positions
 far past the original lengths (no download)."""
-import importlib
 import logging
 import math
 import random
@@ -16,6 +15,7 @@ from posenc_lib.schemes.mla import LatentAttention, latent_attention_from_config
 from posenc_lib.schemes.rope_layers import NoPETemperature, layers_from_config
 from posenc_lib.schemes.rope_scaling import check_scaling, scaled_rope_frequencies
 from posenc_lib.schemes.shipped import SHIPPED, max_cos_sin_difference, rope_kinds, tiny_config
+from test_llm_rope import hf  # one skip-if-missing import of transformers models for both files
 
 warnings.filterwarnings("ignore")
 transformers = pytest.importorskip("transformers")
@@ -24,18 +24,6 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 #: the start of a sequence, then positions up to 40,000: past Llama 4's 8,192 and DeepSeek-V3's 4,096
 POSITIONS = torch.cat((torch.arange(64), torch.randperm(40_000 - 64, generator=torch.Generator().manual_seed(15))[:192]
                        .sort().values + 64))  # fmt: skip
-
-
-def hf(module: str, *names: str):
-    """``names`` from ``transformers.models.<module>``, or skip: the pinned version lacks that model."""
-    try:
-        mod = importlib.import_module(f"transformers.models.{module}")
-    except ImportError:
-        pytest.skip(f"transformers {transformers.__version__} has no {module} model")
-    missing = [n for n in names if not hasattr(mod, n)]
-    if missing:
-        pytest.skip(f"transformers {transformers.__version__}: {module} lacks {missing}")
-    return [getattr(mod, n) for n in names]
 
 
 # ==================================================================== the table and the configs
