@@ -304,9 +304,6 @@ def lesson_13_runs():
     n = sum(len(list((course / arch).glob("*_seed*.json"))) for arch in secs)
     minutes = round(sum(secs.values()) / 60, -1)
     yield RESULTS_PAGE, f"all {n} models (3 seeds) took {minutes:.0f} min of single-thread training"
-    lesson = "notebooks/13_length_extrapolation.ipynb"
-    yield lesson, f"took {minutes:.0f} minutes of single-thread training"
-    yield lesson, f"({secs['encdec']:.0f} s and {secs['decoder']:.0f} s, summed from the result files)"
     budget = ROOT / "results" / "extrapolation_budget"
     assert all(r["profile"] == "budget" and r["train"]["steps"] == 8000 for r in records("results/extrapolation_budget/*/*/*_seed*.json"))
     per = list(training_minutes(budget).values())

@@ -211,11 +211,11 @@ def test_section7_copying(runs):
     ctf = {arch: ex.summarize(runs["copy", arch], "tf_token_accuracy") for arch in ex.ARCHS}
     e, d = cem["encdec"], cem["decoder"]
     ce, cd = runs["copy", "encdec"], runs["copy", "decoder"]
-    assert abs(at(ctf["encdec"], "sinusoidal", 20) - chance_rest) < 0.06 and at(tf, "sinusoidal", 20) < 0.1
+    assert abs(at(ctf["encdec"], "sinusoidal", 20) - chance_rest) < 0.06 and round(at(tf, "sinusoidal", 20), 2) == 0.09
     assert at(e, "sinusoidal", 20) == 0 and at(d, "sinusoidal", 20) == 0
     assert min(min(per_seed(ce, r, 20)) for r in ("deberta", "alibi-split", "t5")) == 0.77
     assert per_seed(ce, "deberta", 32) == [0.89, 0.93, 0.02]
-    assert per_seed(ce, "xlnet", 20) == [0.895, 0.0, 0.925] and per_seed(ce, "xlnet", 32) == [0.0, 0.0, 0.085]
+    assert per_seed(ce, "xlnet", 20) == [0.895, 0.0, 0.925]
     assert per_seed(ce, "xlnet", 20, "tf_token_accuracy", 2)[1] == 0.30 <= min(per_seed(ce, "none", 20, "tf_token_accuracy")) + 0.01
     assert all(at(e, r, 20) <= 0.01 for r in ("rope", "shaw", "alibi")) and at(ctf["encdec"], "rope", 20) < 0.1
     assert min(per_seed(cd, "alibi", 32)) > 0.9 and min(per_seed(cd, "alibi", 64)) > 0.4
@@ -232,9 +232,14 @@ def test_section7_copying(runs):
 
 
 def test_section8_against_the_papers(runs, budget_runs):
-    """'Against the papers': the two decoder-only T5 tables and the untrained buckets of the library's; no
-    positions and ALiBi ahead of RoPE, XLNet, DeBERTa and scaled T5; ALiBi first in copying from 24 to 4L;
-    t5-wide level in reversal; the pairs where each scheme keeps a tenth; RoPE never past L."""
+    """'Against the papers': rotary ahead of sinusoidal in reversal's teacher-forced token accuracy, not in
+    copying; the two decoder-only T5 tables and the untrained buckets of the library's; no positions and ALiBi
+    ahead of RoPE, XLNet, DeBERTa and scaled T5; ALiBi first in copying from 24 to 4L; t5-wide level in reversal;
+    the pairs where each scheme keeps a tenth; RoPE never past L."""
+    for task in ex.TASKS:  # "Rotary lasts a bit further: in reversal's teacher-forced token accuracy, yes; ... no"
+        for arch in ex.ARCHS:
+            d = ex.paired_difference(runs[task, arch], "rope", "sinusoidal", 20, "tf_token_accuracy")
+            assert (d["mean"] - d["ci95"] > 0) == (task == "reverse"), (task, arch)
     dec_cfg = replace(BUDGET, arch="decoder")
     tables = {run: (m.pos.num_buckets, m.pos.max_distance)
               for run in ("t5", "t5-wide") for m in [ex.make_model(run, dec_cfg)]}
@@ -275,7 +280,6 @@ def test_section8_against_the_papers(runs, budget_runs):
     rev = runs["reverse", "decoder"]
     s = pairs["reverse", "decoder"]
     assert at(s, "t5-wide", 32) > at(s, "alibi", 32) == 0 and max(per_seed(rev, "alibi", 32)) == 0
-    assert [r for r in s if max(per_seed(rev, r, 32)) > 0.02] == ["t5-wide"]
     assert per_seed(rev, "t5", 20) == [0.0, 0.0, 0.0, 0.0, 0.035]
     assert all(max(v for n in BUDGET.test_lengths if n > L for v in per_seed(runs[task, arch], "rope", n)) == 0
                for task in ex.TASKS for arch in ex.ARCHS)
@@ -292,14 +296,15 @@ def _mean_at(records, metric, run, n):
     return s["mean"][s["lengths"].index(n)]
 
 
-def _em_of(folder, run, n):
-    rec = next(r for r in ex.load_results(folder) if r["pe"] == run)
-    return next(row["exact_match"] for row in rec["eval"] if row["length"] == n), rec["train"]["mastered"]
-
-
 def test_section9_earlier_designs(course):
-    """'What two earlier designs decided': the pilot's untrained runs, the course design's 75 models, its
-    faster-rate T5, the decoder-only headline from a run that never mastered, and ~13 sequences per length."""
+    """'What two earlier designs decided': the pilot's 1200 updates, library tables and unanchored source, and its
+    runs that did not learn the training lengths; the course design's stop at mastery or 2000 updates, its T5 bias
+    at 10 times the rate, and T5 alone with exact matches at n = 20 among its encoder-decoder runs that mastered."""
+    pilot_cfg, course_cfg = ex.PROFILES["pilot"], ex.PROFILES["course"]
+    assert (pilot_cfg.steps, pilot_cfg.anchored, pilot_cfg.table_sizes, pilot_cfg.bias_lr_scale) == \
+        (1200, False, "library", 1)
+    assert (course_cfg.steps, course_cfg.anchored, course_cfg.stop_at_mastery) == (2000, True, True)
+    assert course_cfg.bias_lr_scale == 10 and ex.PROFILES["budget"].bias_lr_scale == 1
     pilot = ex.load_results(RESULTS / "extrapolation")
     _, recs = course
 
@@ -311,46 +316,6 @@ def test_section9_earlier_designs(course):
 
     assert [round(_mean_at(pilot, "exact_match", r, 16), 2) for r in ("none", "alibi", "t5", "xlnet", "alibi-split")] == \
         [0.0, 0.0, 0.0, 0.39, 0.49]
-    assert round(_mean_at(pilot, "exact_match", "t5", 4), 3) == 0.722
-    assert mastered("decoder", "none") == 0 and round(mean_em("decoder", "none", 20), 2) == 0.14
-    assert per_seed(recs["decoder"], "none", 20) == [0.36, 0.0, 0.06]
-    assert [mastered("decoder", r) for r in ("sinusoidal", "deberta", "alibi")] == [2, 2, 1]
+    runs = {r["pe"] for r in recs["encdec"]}
+    assert {r: mastered("encdec", r) for r in runs} == {r: 3 if r in PLAIN else 0 for r in runs}  # 3 seeds each
     assert round(mean_em("encdec", "t5", 20), 2) == 0.09 and all(mean_em("encdec", r, 20) <= 0.01 for r in PLAIN if r != "t5")
-    assert sum(len(v) for v in recs.values()) == 75 and all(mastered("encdec", r) == 3 for r in PLAIN)
-    pooled = ex.mastery_batch(ex.PROFILES["course"])["src"]
-    per_length = pooled.shape[0] / (ex.PROFILES["course"].train_max_len - ex.PROFILES["course"].train_min_len + 1)
-    assert ex.PROFILES["course"].mastery_examples == 0 and round(per_length) == 13
-    assert ex.PROFILES["course"].bias_lr_scale == 10 and ex.PROFILES["budget"].bias_lr_scale == 1
-
-
-def test_section9_unanchored_and_other_rates(course):
-    """'The course design with and without the anchor, and at other learning rates': unanchored ALiBi at 0.00
-    against 0.95 anchored; T5 and XLNet unmastered but ahead at n = 20; no other rate makes a run master."""
-    folder, recs = course
-    unanchored = folder / "unanchored" / "encdec"
-
-    def mean_em(run, n):
-        return _mean_at(recs["encdec"], "exact_match", run, n)
-
-    assert _em_of(unanchored, "alibi", 16)[0] == 0.0 and round(mean_em("alibi", 16), 2) == 0.95
-    for run in ("t5", "xlnet"):
-        assert not _em_of(unanchored, run, 16)[1] and _em_of(unanchored, run, 20)[0] > max(mean_em(r, 20) for r in PLAIN)
-    assert [round(_em_of(unanchored, run, 20)[0], 3) for run in ("t5", "xlnet")] == [0.555, 0.655]
-    sweep = [r for f in sorted((folder / "lr_sweep").glob("*_lr*")) for r in ex.load_results(f)]
-    assert len(sweep) == 18 and not any(r["train"]["mastered"] for r in sweep)
-    lr4 = folder / "lr_sweep" / "decoder_lr4e-3"
-    assert [round(_em_of(lr4, "none", n)[0], 3) for n in (16, 20)] == [0.815, 0.395]
-    assert round(_em_of(folder / "lr_sweep" / "encdec_lr4e-3", "rope-rand", 16)[0], 3) == 0.915
-    assert all(_em_of(folder / "lr_sweep" / f"encdec_lr{lr}", run, 16)[0] == 0
-               for lr in ("1e-3", "4e-3") for run in ("none", "learned-rand"))
-
-
-def test_section10_randomized_positions(course):
-    """'One remedy, not judged here': none of the six randomized-position runs masters, and each is below its
-    plain run at n = 16."""
-    _, recs = course
-    rand = [(a, b) for a in ex.ARCHS for b in ("sinusoidal", "learned", "rope") if b + "-rand" in {r["pe"] for r in recs[a]}]
-    assert len(rand) == 6
-    for arch, base in rand:
-        assert sum(r["train"]["mastered"] for r in recs[arch] if r["pe"] == base + "-rand") == 0, (arch, base)
-        assert _mean_at(recs[arch], "exact_match", base + "-rand", 16) < _mean_at(recs[arch], "exact_match", base, 16)
