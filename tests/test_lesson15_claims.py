@@ -14,8 +14,8 @@ from posenc_lib.schemes.mla import kv_cache_elements
 from posenc_lib.schemes.mrope import mrope_axes, mrope_position_ids
 from posenc_lib.schemes.rope_layers import NoPETemperature, layers_from_config, llama4_attention_scale
 from posenc_lib.schemes.rope_scaling import wavelengths
-from posenc_lib.schemes.rope_spectrum import (base_lower_bound, first_negative_margin, full_turn_pairs,
-                                              partial_rotary_ladder, rotary_pairs)
+from posenc_lib.schemes.rope_spectrum import (base_bound_interval, failing_base_windows, first_negative_margin,
+                                              full_turn_pairs, partial_rotary_ladder, rotary_pairs)
 from posenc_lib.schemes.rotary import rope_frequencies
 from posenc_lib.files import read_json
 
@@ -45,7 +45,7 @@ def test_section1_two_partial_rotary_ladders():
 
 def test_section2_base_and_context():
     """'The base and the context length': pairs turning fully per base and length; where Men et al.'s margin
-    first turns negative; the smallest bases for 1k, 4k and 8k tokens; the bound is not monotone."""
+    first turns negative."""
     lengths = (4096, 8192, 32768, 131072)
     turns = {b: [full_turn_pairs(128, b, n) for n in lengths] for b in (1e4, 5e5, 1e6)}
     assert turns == {1e4: [46, 50, 60, 64], 5e5: [32, 35, 42, 49], 1e6: [31, 34, 40, 47]}
@@ -55,10 +55,36 @@ def test_section2_base_and_context():
     first = [first_negative_margin(128, b, 2**18, sc) for b, sc in
              ((1e4, None), (5e5, None), (1e6, None), (5e5, llama31), (1e6, qwen_yarn))]
     assert first == [1707, 18438, 27115, 85133, 66234]
-    bound = {L: base_lower_bound(L, 128, low=1000.0, step=0.01) for L in (1024, 4096, 8192)}
-    assert [round(b, -2) for b in bound.values()] == [5600.0, 28800.0, 91200.0]
-    assert all(first_negative_margin(128, b, L) is None for L, b in bound.items())
-    assert first_negative_margin(128, 10**5.8, 32768) is None and first_negative_margin(128, 1e6, 32768) == 27115
+
+
+PAPER = {1: 4.3e3, 2: 1.6e4, 4: 2.7e4, 8: 8.4e4, 16: 3.1e5, 32: 6.4e5, 64: 2.1e6, 128: 7.8e6}   # Men et al., d = 128
+SU = {1: 4.3e3, 2: 1.2e4, 4: 2.7e4, 8: 8.4e4, 16: 2.3e5, 32: 6.3e5, 64: 2.1e6, 128: 4.9e6}
+
+
+def test_section2_smallest_base_for_a_context():
+    """'The smallest base for a context L': the grid of 0.002 decade finds passing bases below the 0.01 grid's
+    failing ones at 1k, 2k, 16k, 32k, 64k (4,296 vs 5,599 at 1k), a 0.0005 grid 26,953 at 4k; at 32k 10^5.8
+    passes, the 0.005 grid fails from 637,456 to 976,000 while 963,579 passes, a million fails at 27,115; the
+    finest search matches the paper's two digits at 1k, 4k, 8k, 64k and Su's lower values at 2k, 16k, 128k."""
+    two = lambda x: f"{x:.1e}"
+    bracket = {k: [base_bound_interval(1024 * k, 128, low=1024 * k, step=s) for s in (0.01, 0.002)] for k in PAPER}
+    for k, (coarse, fine) in bracket.items():
+        for r in (coarse, fine):
+            assert first_negative_margin(128, r.upper, 1024 * k) is None and r.upper <= r.lower * 1.001
+            assert first_negative_margin(128, r.lower, 1024 * k) is not None
+        assert (fine.upper < coarse.lower) == (k in (1, 2, 16, 32, 64))
+    assert (round(bracket[1][1].upper), round(bracket[1][0].lower)) == (4296, 5599)
+    finest = base_bound_interval(4096, 128, low=4096, step=0.0005)
+    assert round(finest.upper) == 26953 and finest.upper < bracket[4][1].lower
+    fine = {k: (finest if k == 4 else b[1]).upper for k, b in bracket.items()}
+    assert [k for k in PAPER if two(fine[k]) == two(PAPER[k])] == [1, 4, 8, 64]
+    assert all(two(fine[k]) == two(SU[k]) and fine[k] < PAPER[k] for k in (2, 16, 128))
+    assert bracket[32][1].lower < 10**5.8 < bracket[32][1].upper * 1.012
+    assert first_negative_margin(128, 10**5.8, 32768) is None
+    windows = failing_base_windows(32768, 128, bracket[32][1].upper, 1.2e6, step=0.005)
+    assert [round(x) for x in windows[0]] == [637456, 976000] and round(bracket[32][0].upper) == 963579
+    assert windows[0][0] < bracket[32][0].upper < windows[0][1] and first_negative_margin(128, 1e6, 32768) == 27115
+    assert two(bracket[128][1].upper) == "4.9e+06"
 
 
 def test_section2_lesson14_head():

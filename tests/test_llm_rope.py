@@ -19,8 +19,9 @@ from posenc_lib.schemes.mrope import apply_mrope, mrope_axes, mrope_cos_sin, mro
 from posenc_lib.schemes.rope_layers import (NoPETemperature, layers_from_config, llama4_attention_scale,
                                             rope_nope_pattern)  # fmt: skip
 from posenc_lib.schemes.rope_scaling import check_scaling, scaled_rope_cos_sin, scaled_rope_frequencies
-from posenc_lib.schemes.rope_spectrum import (base_lower_bound, first_negative_margin, full_turn_pairs,
-                                              partial_rotary_ladder, rotary_pairs, similarity_margin)  # fmt: skip
+from posenc_lib.schemes.rope_spectrum import (base_bound_interval, base_lower_bound, failing_base_windows,
+                                              first_negative_margin, full_turn_pairs, partial_rotary_ladder,
+                                              rotary_pairs, similarity_margin)  # fmt: skip
 from posenc_lib.schemes.rotary import apply_rope, apply_rope_cos_sin, interleaved_to_half_permutation, rope_frequencies
 
 warnings.filterwarnings("ignore")
@@ -211,16 +212,86 @@ def test_full_turns_and_the_similarity_margin():
     torch.testing.assert_close(B[1234], torch.cos(1234 * theta).sum())
 
 
-def test_base_lower_bound_is_the_first_base_that_keeps_the_margin_positive():
-    for L in (256, 1024):
-        b = base_lower_bound(L, 128, step=0.01)
-        assert first_negative_margin(128, b, L) is None
-        assert first_negative_margin(128, b / 10**0.01, L) is not None
-    assert base_lower_bound(1024, 128, step=0.01) < base_lower_bound(4096, 128, step=0.01)
-    # the margin is not monotone in the base: a band just above the bound fails again (hence no bisection)
-    b = base_lower_bound(4096, 128, step=0.005)
-    band = [first_negative_margin(128, b * 10 ** (0.005 * i), 4096) is None for i in range(60)]
-    assert band[0] and not all(band)
+def test_base_bound_interval_brackets_the_first_passing_base_to_rtol():
+    for L, step, rtol in ((256, 0.01, 1e-3), (1024, 0.002, 1e-5)):
+        r = base_bound_interval(L, 128, low=L, step=step, rtol=rtol)
+        assert first_negative_margin(128, r.upper, L) is None               # B >= 0 for every m <= L
+        assert first_negative_margin(128, r.lower, L) == r.fails_at <= L    # some m <= L has B < 0
+        assert similarity_margin(torch.tensor([r.fails_at]), 128, r.lower).item() < 0
+        assert r.lower < r.upper <= r.lower * (1 + rtol)
+        below = [L * 10 ** (i * step) for i in range(10**4) if L * 10 ** (i * step) <= r.lower]
+        assert below and all(first_negative_margin(128, b, L) is not None for b in below)  # every grid base below fails
+        assert base_lower_bound(L, 128, low=L, step=step, rtol=rtol) == r.upper
+    m = torch.arange(0, 1025)
+    r = base_bound_interval(1024, 128, low=1024, step=0.002)
+    assert (similarity_margin(m, 128, r.upper) >= 0).all() and (similarity_margin(m, 128, r.lower) < 0).any()
+
+
+def test_base_bound_interval_closed_form_for_two_pairs():
+    # d = 4: theta = (1, b^-1/2), B(m) = cos m + cos(m / sqrt b). For b >= 100 and m <= 22, m / sqrt b < pi, where
+    # B(m) >= 0 exactly when m / sqrt b <= acos(-cos m), the distance from m to the nearest odd multiple of pi: the
+    # passing bases are [b*, inf) with b* = max over m <= L of (m / acos(-cos m))^2 (m = 3 for L = 3, m = 22 for L = 22)
+    for L, worst in ((3, 3), (22, 22)):
+        exact = max((m / math.acos(-math.cos(m))) ** 2 for m in range(1, L + 1))
+        nearest_odd = math.pi * (2 * round((worst / math.pi - 1) / 2) + 1)
+        assert exact == pytest.approx((worst / abs(worst - nearest_odd)) ** 2)
+        r = base_bound_interval(L, 4, low=100.0, step=0.01, rtol=1e-6)
+        assert r.upper <= r.lower * (1 + 1e-6)
+        assert r.lower * (1 - 1e-6) <= exact <= r.upper * (1 + 1e-6)   # float32 frequencies: about 1e-7 relative
+    assert round(base_lower_bound(3, 4, low=100.0, rtol=1e-6)) == round((3 / (math.pi - 3)) ** 2) == 449
+
+
+def test_the_margin_is_not_monotone_in_the_base():
+    # a coarser grid steps over a narrow window of passing bases that a finer one finds
+    coarse, fine = (base_bound_interval(1024, 128, low=1024, step=s) for s in (0.01, 0.002))
+    assert fine.upper < coarse.lower
+    # above the bound bases fail again: the windows are runs of failing grid bases, the grid between them passes
+    start, stop, step = fine.upper, 10 * fine.upper, 0.005
+    grid = [10 ** (math.log10(start) + i * step) for i in range(201)]
+    fails = [first_negative_margin(128, b, 1024) is not None for b in grid]
+    windows = failing_base_windows(1024, 128, start, stop, step=step)
+    assert windows and not fails[0]
+    runs, i = [], 0
+    while i < len(grid):
+        if fails[i]:
+            j = i
+            while j + 1 < len(grid) and fails[j + 1]:
+                j += 1
+            runs.append((grid[i], grid[j]))
+            i = j
+        i += 1
+    flat = lambda pairs: [x for pair in pairs for x in pair]
+    assert len(windows) == len(runs) and flat(windows) == pytest.approx(flat(runs), rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(context_len=0), ValueError, "context_len must be a positive integer, got 0"),
+    (dict(context_len=2.5), ValueError, "context_len must be a positive integer"),
+    (dict(head_dim=127), ValueError, "head_dim must be even"),
+    (dict(low=1.0), ValueError, r"low must be a finite number in \(1.0, inf\), got 1.0"),
+    (dict(low=float("nan")), ValueError, "low must be a finite number"),
+    (dict(high=500.0), ValueError, "low must be smaller than high, got low=1000.0, high=500.0"),
+    (dict(step=0), ValueError, r"step must be a finite number in \(0.0, "),
+    (dict(step=20.0), ValueError, r"step must be a finite number in \(0.0, 7.0\], got 20.0"),
+    (dict(step="fine"), TypeError, "step must be a finite number"),
+    (dict(rtol=0.0), ValueError, r"rtol must be a finite number in \[1e-12, 1.0\), got 0.0"),
+    (dict(rtol=1.0), ValueError, "rtol must be a finite number in"),
+    (dict(low=1e7), ValueError, "low=10000000.0 already keeps B\\(m\\) >= 0 .* choose a smaller low"),
+    (dict(high=2000.0), ValueError, "no base in \\[1000, 2000\\] keeps .* raise high"),
+])  # fmt: skip
+def test_base_bound_interval_rejects_bad_inputs(kwargs, error, match):
+    args = dict(context_len=1024, head_dim=128, low=1000.0, high=1e10) | kwargs
+    with pytest.raises(error, match=match):
+        base_bound_interval(args.pop("context_len"), args.pop("head_dim"), **args)
+
+
+def test_failing_base_windows_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="start must be smaller than stop"):
+        failing_base_windows(1024, 128, 1e5, 1e4)
+    with pytest.raises(ValueError, match=r"stop must be a finite number in \(1.0, inf\)"):
+        failing_base_windows(1024, 128, 1e4, float("inf"))
+    with pytest.raises(ValueError, match="context_len must be a positive integer"):
+        failing_base_windows(-5, 128, 1e4, 1e5)
 
 
 # ==================================================================== 4. layers that differ
