@@ -126,8 +126,54 @@ def test_smoke_run_writes_matched_and_fixed_readings_and_a_curve(tmp_path):
     assert json.loads((out / "readings_seed0.json").read_text())["trials"] == 8
 
 
+def test_yarn_without_temperature_is_yarn_with_attention_factor_one_as_transformers_reads_it():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from test_long_context import _hf_config  # one transformers config helper for both files
+
+    cfg, d = lc.COURSE, lc.COURSE.d_model // lc.COURSE.n_heads
+    assert lcs.scaling_for(lcs.NO_TEMPERATURE, cfg, 1.0) is None  # s = 1: plain RoPE, as for YaRN
+    for s in (2.0, 4.0, 8.0):
+        sc = lcs.scaling_for(lcs.NO_TEMPERATURE, cfg, s)
+        assert sc == {**lcs.scaling_for("yarn", cfg, s), "attention_factor": 1.0}
+        freq, scale = scaled_rope_frequencies(d, 10000.0, sc)
+        yarn_freq, yarn_scale = scaled_rope_frequencies(d, 10000.0, lcs.scaling_for("yarn", cfg, s))
+        ref, ref_scale = ROPE_INIT_FUNCTIONS["yarn"](_hf_config(d, 10000.0, sc, cfg.train_len), None)
+        torch.testing.assert_close(freq, ref.float(), rtol=1e-5, atol=0)
+        assert torch.equal(freq, yarn_freq) and scale == ref_scale == 1.0 < yarn_scale
+
+
+def test_smoke_controls_train_at_L_with_the_curves_characters_and_drop_only_the_temperature(tmp_path):
+    out, ck = tmp_path / "out", tmp_path / "ck"
+    cfg, L = lc.SMOKE, lc.SMOKE.train_len
+    lcs.run_all(cfg, [0], out, ck, trials=8, finetunes=[], controls=lcs.CONTROLS, log=lambda *_: None)
+    recs = {(r["kind"], r.get("name")): r for r in lcs.load_results(out)}
+    assert set(recs) == {("readings", None), ("readings-extra", None), ("control", "plain-64"),
+                         ("control", lcs.NO_TEMPERATURE)}  # fmt: skip
+    rd, extra = recs[("readings", None)], recs[("readings-extra", None)]
+    plain, t1 = recs[("control", "plain-64")], recs[("control", lcs.NO_TEMPERATURE)]
+    # the control: windows of L, the fine-tunes' characters per update, read plain; it starts from the readings' model
+    assert (plain["length"], plain["batch"], plain["method"]) == (L, cfg.finetune_batch * cfg.long_len // L, "none")
+    assert plain["length"] * plain["batch"] == cfg.long_len * cfg.finetune_batch
+    assert [c["updates"] for c in plain["curve"]] == [c["updates"] for c in t1["curve"]] == [0, cfg.finetune_steps]
+    assert [r["ppl"] for r in plain["curve"][0]["rows"]] == [r["ppl"] for r in rd["matched"]["none"]["rows"]]
+    assert [r["ppl"] for r in plain["curve"][1]["rows"]] != [r["ppl"] for r in plain["curve"][0]["rows"]]
+    assert plain["sliding"]["length"] == cfg.long_len and plain["sliding"]["ppl"] > 1 and "sliding" not in t1
+    # YaRN without its temperature: plain at n = L (s = 1), YaRN's frequencies elsewhere, other numbers
+    m = lcs.NO_TEMPERATURE
+    assert extra["matched"][m]["rows"][0]["ppl"] == rd["matched"]["none"]["rows"][0]["ppl"]
+    assert [r["factor"] for r in extra["matched"][m]["rows"]] == [max(1.0, n / L) for n in cfg.eval_lengths]
+    assert all(a["ppl"] != b["ppl"] for a, b in zip(extra["fixed"][m]["rows"], rd["fixed"]["yarn"]["rows"]))
+    assert [r["ppl"] for r in t1["curve"][0]["rows"]] == [r["ppl"] for r in extra["fixed"][m]["rows"]]
+    assert (t1["length"], t1["batch"]) == (cfg.long_len, cfg.finetune_batch)
+    again = []
+    lcs.run_all(cfg, [0], out, ck, trials=8, finetunes=[], controls=lcs.CONTROLS, log=again.append)
+    assert any("skipping 4 finished" in x for x in again) and not any(x.startswith("done") for x in again)
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--finetunes", "pi"], r"unknown fine-tune method\(s\) \['pi'\]; valid choices: linear, ntk, yarn, llama3"),
+    (["--controls", "yarn"], r"unknown control\(s\) \['yarn'\]; valid choices: plain-64, yarn-t1, or 'none'"),
     (["--trials", "0"], "--trials must be a positive integer, got 0"),
     (["--seeds", "a"], "--seeds must be comma-separated integers, got 'a'"),
 ])  # fmt: skip

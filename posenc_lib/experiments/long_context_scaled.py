@@ -26,6 +26,14 @@ on known ground) beside the whole window's.
 windows and measured before the fine-tune and after ``FT_POINTS`` updates, perplexity and passkey at
 every length.
 
+**Two controls** (``--controls``): ``plain-64`` fine-tunes plain RoPE at the training length with the
+curves' updates, schedule, learning rate and characters per update (``finetune_batch * long_len / train_len``
+windows of ``L``): how much of a curve's gain is just more training.  It is measured like the curves, and
+after its last update also read through a sliding window of ``L`` at the longest length (each character
+predicted from at most the ``L`` before it; posenc_lib/experiments/sliding_window.py).  ``yarn-t1`` is YaRN
+with its attention temperature switched off (``attention_factor`` 1): read zero-shot (``s = n / L`` and
+``s = cfg.factor``) and fine-tuned as a curve, beside YaRN, to isolate what the temperature does.
+
 Each seed writes one JSON file into ``--out`` for the readings and one per fine-tune, each as soon
 as it finishes (temporary file + rename); a rerun skips finished files.  The pre-trained weights are
 read from ``--ckpt`` (the folder ``long_context`` saves them in) and trained again, identically, when
@@ -34,7 +42,9 @@ they are missing.
 Cost of the committed ``course`` readings (3 seeds, 100 passkey windows per length, no fine-tunes): 36 minutes
 on 2 cores shared with a training run, two of the three models trained again on the way (410-510 s each).
 The fine-tune curves (linear, ntk, yarn; 3 seeds, 400 updates each, measured at ``FT_POINTS``): 16 minutes more,
-75-120 s per curve, one at a time on 2 shared cores.
+75-120 s per curve, one at a time on 2 shared cores.  The controls (3 seeds; ``--jobs 1`` at the lowest priority on
+2 cores busy with a training run): 27 minutes, 5.7 CPU minutes (zero-shot readings 42-48 s, curves 170-280 s each),
+after 3.6 CPU minutes to train the three models again.
 
 Command line::
 
@@ -58,9 +68,10 @@ from ..files import atomic_write_json
 from ..seeds import set_seed
 from . import charlm, runner
 from . import long_context as lc
+from . import sliding_window
 
 SCHEMA = "posenc.longctx-scaled/1"
-#: what a result file holds (a seed's readings or one fine-tune curve)
+#: what a result file holds (a seed's readings, one fine-tune curve or one control)
 RECORDS = runner.Schema(SCHEMA, ("schema", "kind", "seed", "config", "trials"))
 #: the static rescalings read with ``s = n / L``; ``dynamic`` (which does that by itself) beside them
 STATIC = ("linear", "ntk", "yarn", "llama3")
@@ -68,6 +79,10 @@ READINGS = ("none", *STATIC, "dynamic")
 #: fine-tunes at the longest length (factor ``cfg.factor``), measured after these many updates
 FINETUNED = ("linear", "ntk", "yarn")
 FT_POINTS = (0, 25, 100, 400)
+#: YaRN without its attention temperature (``attention_factor`` 1: cos and sin left unscaled)
+NO_TEMPERATURE = "yarn-t1"
+#: the controls: plain RoPE fine-tuned at the training length, YaRN without its temperature
+CONTROLS = ("plain-64", NO_TEMPERATURE)
 
 
 def ft_points(cfg: lc.LongContextConfig) -> tuple[int, ...]:
@@ -85,8 +100,10 @@ KEY_DIGITS = 5
 def scaling_for(method: str, cfg: lc.LongContextConfig, factor: float) -> dict | None:
     """The ``scaling`` dict of ``method`` with scale factor ``factor`` (``None`` for plain RoPE)."""
     L = cfg.train_len
-    if method == "none" or (method in STATIC and factor <= 1):
+    if method == "none" or (method in (*STATIC, NO_TEMPERATURE) and factor <= 1):
         return None
+    if method == NO_TEMPERATURE:
+        return {**scaling_for("yarn", cfg, factor), "attention_factor": 1.0}
     if method == "ntk":
         return {"rope_type": "ntk", "factor": factor}
     if method == "dynamic":
@@ -202,37 +219,102 @@ def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> st
     return f"done readings seed {seed}: " + _line(matched)
 
 
-def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int,
-                   points: Sequence[int] | None = None) -> str:  # fmt: skip
-    """Fine-tune the RoPE model with ``method`` at factor ``cfg.factor`` on the longest windows; measure it
-    (both perplexities and passkey, every length) after each update count in ``points``."""
+def _curve(method: str, seed: int, cfg: lc.LongContextConfig, ckpt, trials: int, points, *, length: int,
+           batch: int, factor: float, after=None) -> dict:  # fmt: skip
+    """Fine-tune the RoPE model read with ``method`` at ``factor`` on ``batch`` windows of ``length``; measure it
+    (both perplexities and passkey, every length, read the same way) after each update count in ``points``.
+    ``after(model, eval_ids)`` adds fields measured after the last update.  Returns the record's body."""
     torch.set_num_threads(cfg.threads)
     vocab, train_ids, eval_ids = charlm.data(cfg)
     eval_text = _eval_text(cfg)
     model, _ = lc.weights("rope", cfg, seed, ckpt, len(vocab))
-    read_with(model, cfg, method, cfg.factor)
+    read_with(model, cfg, method, factor)
     set_seed(seed)
     curve = []
     points = ft_points(cfg) if points is None else tuple(points)
 
     def on_update(u, m):
-        row = measure(m, cfg, vocab, eval_ids, eval_text, trials, seed, method, lambda n: cfg.factor)
+        row = measure(m, cfg, vocab, eval_ids, eval_text, trials, seed, method, lambda n: factor)
         curve.append({"updates": u, "rows": row["rows"]})
-        read_with(m, cfg, method, cfg.factor)
+        read_with(m, cfg, method, factor)
 
     t0 = time.perf_counter()
     steps = max(points)
-    losses = charlm.train_steps(model, train_ids, length=cfg.long_len, batch=cfg.finetune_batch, steps=steps,
-                            lr=cfg.finetune_lr, warmup=max(1, steps // 10), grad_clip=cfg.grad_clip,
-                            seed=10_000 + seed, log_every=25, at=points, on_update=on_update)  # fmt: skip
-    rec = {"schema": SCHEMA, "kind": "finetune", "method": method, "seed": seed, "profile": cfg.name,
-           "config": asdict(cfg), "trials": trials, "points": list(points), "train_loss": losses, "curve": curve,
-           "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
+    losses = charlm.train_steps(model, train_ids, length=length, batch=batch, steps=steps, lr=cfg.finetune_lr,
+                                warmup=max(1, steps // 10), grad_clip=cfg.grad_clip, seed=10_000 + seed,
+                                log_every=25, at=points, on_update=on_update)  # fmt: skip
+    extra = {} if after is None else after(model, eval_ids)
+    return {"method": method, "seed": seed, "profile": cfg.name, "config": asdict(cfg), "trials": trials,
+            "points": list(points), "train_loss": losses, "curve": curve, **extra,
+            "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
+
+
+def _done(stem: str, seed: int, rec: dict) -> str:
+    last = rec["curve"][-1]
+    return (f"done {stem} seed {seed}: {rec['seconds']:.0f} s; after {last['updates']} updates ppl "
+            + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in last["rows"]) + "; passkey "
+            + " ".join(f"{r['length']}:{_pk(r)}" for r in last["rows"]))
+
+
+def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int,
+                   points: Sequence[int] | None = None) -> str:  # fmt: skip
+    """Fine-tune the RoPE model with ``method`` at factor ``cfg.factor`` on the longest windows; measure it
+    (both perplexities and passkey, every length) after each update count in ``points``."""
+    body = _curve(method, seed, cfg, ckpt, trials, points, length=cfg.long_len, batch=cfg.finetune_batch,
+                  factor=cfg.factor)  # fmt: skip
+    rec = {"schema": SCHEMA, "kind": "finetune", **body}
     atomic_write_json(_path(out, f"ft-{method}", seed), rec)
-    last = curve[-1]["rows"]
-    return (f"done ft-{method} seed {seed}: {rec['seconds']:.0f} s; after {steps} updates ppl "
-            + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in last) + "; passkey "
-            + " ".join(f"{r['length']}:{_pk(r)}" for r in last))
+    return _done(f"ft-{method}", seed, rec)
+
+
+def control_batch(cfg: lc.LongContextConfig) -> int:
+    """Windows of ``train_len`` per update of the ``plain-64`` control: the fine-tunes' characters per update."""
+    chars = cfg.finetune_batch * cfg.long_len
+    if chars % cfg.train_len:
+        raise ValueError(f"finetune_batch * long_len = {chars} is not a multiple of train_len = {cfg.train_len}")
+    return chars // cfg.train_len
+
+
+def control_curve(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int,
+                  points: Sequence[int] | None = None) -> str:  # fmt: skip
+    """One control as a fine-tune curve (:data:`CONTROLS`): ``plain-64``, plain RoPE fine-tuned at ``train_len``
+    with the curves' characters per update (then read through a sliding window of ``train_len`` at the longest
+    length), or ``yarn-t1``, YaRN without its temperature fine-tuned like the curves."""
+    if name == "plain-64":
+        def sliding(model, eval_ids):
+            nll = sliding_window.sliding_nll(model, eval_ids, cfg.long_len, cfg.train_len)
+            return {"sliding": sliding_window._row(cfg.long_len, nll)}
+
+        body = _curve("none", seed, cfg, ckpt, trials, points, length=cfg.train_len, batch=control_batch(cfg),
+                      factor=1.0, after=sliding)  # fmt: skip
+        body.update(length=cfg.train_len, batch=control_batch(cfg))
+    elif name == NO_TEMPERATURE:
+        body = _curve(NO_TEMPERATURE, seed, cfg, ckpt, trials, points, length=cfg.long_len,
+                      batch=cfg.finetune_batch, factor=cfg.factor)  # fmt: skip
+        body.update(length=cfg.long_len, batch=cfg.finetune_batch)
+    else:
+        raise ValueError(f"unknown control {name!r}; valid controls: {', '.join(CONTROLS)}")
+    rec = {"schema": SCHEMA, "kind": "control", "name": name, **body}
+    atomic_write_json(_path(out, f"ft-{name}", seed), rec)
+    line = _done(f"ft-{name}", seed, rec)
+    return line + (f"; sliding window at {cfg.long_len}: {rec['sliding']['ppl']:.2f}" if "sliding" in rec else "")
+
+
+def readings_extra(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> str:
+    """Zero-shot: YaRN without its temperature, with ``s = n / L`` and with ``s = cfg.factor``."""
+    torch.set_num_threads(cfg.threads)
+    vocab, _train_ids, eval_ids = charlm.data(cfg)
+    eval_text = _eval_text(cfg)
+    model, _ = lc.weights("rope", cfg, seed, ckpt, len(vocab))
+    t0 = time.perf_counter()
+    L, m = cfg.train_len, NO_TEMPERATURE
+    matched = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: max(1.0, n / L))}
+    fixed = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: cfg.factor)}
+    rec = {"schema": SCHEMA, "kind": "readings-extra", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+           "trials": trials, "matched": matched, "fixed": fixed, "eval_seconds": round(time.perf_counter() - t0, 1),
+           "torch": torch.__version__}  # fmt: skip
+    atomic_write_json(_path(out, f"readings-{m}", seed), rec)
+    return f"done readings-{m} seed {seed}: " + _line({**matched, **{f"{m} s={cfg.factor:g}": fixed[m]}})
 
 
 def _line(block: dict) -> str:
@@ -249,15 +331,22 @@ def _path(out, stem: str, seed: int) -> Path:
 
 
 def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trials: int = 200,
-            finetunes: Sequence[str] = FINETUNED, jobs: int = 1, log=print) -> None:  # fmt: skip
-    """The readings of every seed, then the fine-tune curves (:func:`runner.run_grid`); finished files are
-    skipped.  The readings train a seed's missing weights, one process per seed, so that two jobs never train
+            finetunes: Sequence[str] = FINETUNED, controls: Sequence[str] = (), jobs: int = 1,
+            log=print) -> None:  # fmt: skip
+    """The readings of every seed, then the fine-tune curves and the ``controls`` (:data:`CONTROLS`; with
+    ``yarn-t1``, its zero-shot readings too) (:func:`runner.run_grid`); finished files are skipped.  The readings train a seed's missing weights, one process per seed, so that two jobs never train
     the same model; a seed whose readings are finished but whose weights are gone is trained first."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     finetunes = unique_choices("fine-tune method", finetunes, STATIC)
+    controls = unique_choices("control", controls, CONTROLS)
     cells = [runner.Cell(_path(out, "readings", s), readings, (s, cfg, out, ckpt, trials)) for s in seeds]
     cells += [runner.Cell(_path(out, f"ft-{m}", s), finetune_curve, (m, s, cfg, out, ckpt, trials), phase=1)
               for m in finetunes for s in seeds]  # fmt: skip
+    if NO_TEMPERATURE in controls:
+        cells += [runner.Cell(_path(out, f"readings-{NO_TEMPERATURE}", s), readings_extra, (s, cfg, out, ckpt, trials),
+                              phase=1) for s in seeds]  # fmt: skip
+    cells += [runner.Cell(_path(out, f"ft-{c}", s), control_curve, (c, s, cfg, out, ckpt, trials), phase=1)
+              for c in controls for s in seeds]  # fmt: skip
 
     def weights_first(todo: list[runner.Cell]) -> list[runner.Cell]:
         reading = {c.args[0] for c in todo if c.fn is readings}
@@ -287,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2", help="comma-separated integer seeds")
     p.add_argument("--finetunes", default=",".join(FINETUNED),
                    help="comma-separated methods to fine-tune (of " + ", ".join(STATIC) + "), or 'none'")
+    p.add_argument("--controls", default=",".join(CONTROLS),
+                   help="comma-separated controls (of " + ", ".join(CONTROLS) + "), or 'none'")
     p.add_argument("--trials", type=int, default=200, help="passkey windows per length")
     p.add_argument("--out", default=None, help="folder for the result files (default runs/longctx-scaled-PROFILE)")
     p.add_argument("--ckpt", default="runs/longctx", help="where long_context keeps the pre-trained weights")
@@ -297,18 +388,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = runner.parse_seeds(p, a.seeds)
     fts = [] if a.finetunes.strip() == "none" else runner.parse_names(
         p, a.finetunes, STATIC, flag="--finetunes", what="fine-tune method", all_word=None, note=", or 'none'")
+    ctl = [] if a.controls.strip() == "none" else runner.parse_names(
+        p, a.controls, CONTROLS, flag="--controls", what="control", all_word=None, note=", or 'none'")
     if a.trials < 1:
         p.error(f"--trials must be a positive integer, got {a.trials}")
     if a.jobs < 1:
         p.error(f"--jobs must be a positive integer, got {a.jobs}")
     out = a.out or f"runs/longctx-scaled-{a.profile}"
     return runner.run_command(p, out, a.ckpt, lambda: run_all(cfg, seeds, out, a.ckpt, trials=a.trials,
-                                                              finetunes=fts, jobs=a.jobs))
+                                                              finetunes=fts, controls=ctl, jobs=a.jobs))
 
 
 if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["STATIC", "READINGS", "FINETUNED", "FT_POINTS", "scaling_for", "passkey", "passkey_batch",
+__all__ = ["STATIC", "READINGS", "FINETUNED", "FT_POINTS", "CONTROLS", "NO_TEMPERATURE", "scaling_for", "passkey", "passkey_batch",
            "run_all", "load_results"]  # fmt: skip
