@@ -495,8 +495,8 @@ def test_the_buffers_of_a_pass_are_emptied_when_it_ends(monkeypatch):
     src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
     from posenc_lib.kernels import xlnet
 
-    filled, real_work = [], xlnet._work
-    monkeypatch.setattr(xlnet, "_work", lambda work, *a: filled.append(work) or real_work(work, *a))
+    filled, real_work = [], xlnet.work_buffer
+    monkeypatch.setattr(xlnet, "work_buffer", lambda work, *a: filled.append(work) or real_work(work, *a))
     model.loss(src, tgt[:, :-1], tgt[:, 1:]).backward()
     assert len(seen) == 4 and all(w == {} for w in seen)  # 2 encoder + 2 decoder layers, emptied after backward too
     assert filled and all(any(w is s for s in seen) for w in filled)  # every buffer was one of those dicts'

@@ -47,14 +47,14 @@ def test_disentangled_scores_match_explicit_loops():
 def test_disentangled_scores_of_a_long_block_match_the_loops_with_gradients(q_start, lq, lk):
     """Far from the diagonal every key falls in a clipped bucket: there the terms are built as a broadcast
     sum, a gather only in the band between; values and gradients match the explicit loops."""
-    from posenc_lib.schemes.deberta import _clipped_ends
+    from posenc_lib.schemes.deberta import clipped_ends
 
     torch.manual_seed(1)
     span, d = 4, 3
     q, k = torch.randn(2, 2, lq, d, requires_grad=True), torch.randn(2, 2, lk, d, requires_grad=True)
     pos_q, pos_k = torch.randn(2, 2 * span, d, requires_grad=True), torch.randn(2, 2 * span, d, requires_grad=True)
     index = deberta_index(torch.arange(q_start, q_start + lq), torch.arange(lk), span, 2 * span, 12)
-    left, right = _clipped_ends(index)
+    left, right = clipped_ends(index)
     assert left > 0 or right < lk  # the broadcast pieces are used
     ref = torch.einsum("bhid,hijd->bhij", q, pos_k[:, index]) + torch.einsum("bhjd,hijd->bhij", k, pos_q[:, index])
     got = disentangled_scores(q, k, pos_q, pos_k, index)

@@ -101,8 +101,8 @@ def test_deberta_long_input_in_query_blocks_matches_transformers(monkeypatch):
     mask = torch.ones(2, 1, n, n, dtype=torch.bool)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 4 * 8 * n)  # blocks of 8 query rows
     ends = []
-    real = deberta._clipped_ends
-    monkeypatch.setattr(deberta, "_clipped_ends", lambda index: ends.append(real(index)) or ends[-1])
+    real = deberta.clipped_ends
+    monkeypatch.setattr(deberta, "clipped_ends", lambda index: ends.append(real(index)) or ends[-1])
     with torch.no_grad():
         expected, _ = ref(x, mask, rel_embeddings=ctx["rel"])
         got = attn(x, pos=scheme, ctx=ctx)

@@ -748,7 +748,7 @@ def check_record(rec: dict[str, Any]) -> None:
         raise ValueError(f"result record is not a {SCHEMA} record: {why}")
 
 
-def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool) -> str:
+def train_and_write(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool) -> str:
     """Train, evaluate and write one result file; returns a one-line report (also the worker of ``--jobs``)."""
     rec = run_one(pe, cfg, seed, progress=progress)
     check_record(rec)
@@ -783,7 +783,7 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
     seeds = list(dict.fromkeys(int(s) for s in seeds))  # a scheme or seed named twice is trained once
     pes = list(dict.fromkeys(run_name(p) for p in pes))
     # one process: a bar over each model's updates; worker processes: one bar over the models
-    cells = [runner.Cell(result_path(out, pe, s), _finish, (pe, cfg, s, out, progress and jobs == 1))
+    cells = [runner.Cell(result_path(out, pe, s), train_and_write, (pe, cfg, s, out, progress and jobs == 1))
              for pe in pes for s in seeds]  # fmt: skip
     runner.run_grid(cells, out=out, schema=RECORDS, config=asdict(cfg), jobs=jobs, log=log,
                     progress=progress and jobs > 1)

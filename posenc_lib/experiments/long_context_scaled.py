@@ -198,7 +198,7 @@ def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> st
     rec = {"schema": SCHEMA, "kind": "readings", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "trials": trials, "matched": matched, "fixed": fixed, "retrained_seconds": seconds,
            "eval_seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
-    atomic_write_json(_path(out, "readings", seed), rec)
+    atomic_write_json(result_path(out, "readings", seed), rec)
     return f"done readings seed {seed}: " + _line(matched)
 
 
@@ -228,7 +228,7 @@ def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt,
     rec = {"schema": SCHEMA, "kind": "finetune", "method": method, "seed": seed, "profile": cfg.name,
            "config": asdict(cfg), "trials": trials, "points": list(points), "train_loss": losses, "curve": curve,
            "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
-    atomic_write_json(_path(out, f"ft-{method}", seed), rec)
+    atomic_write_json(result_path(out, f"ft-{method}", seed), rec)
     last = curve[-1]["rows"]
     return (f"done ft-{method} seed {seed}: {rec['seconds']:.0f} s; after {steps} updates ppl "
             + " ".join(f"{r['length']}:{r['ppl']:.2f}" for r in last) + "; passkey "
@@ -244,7 +244,8 @@ def _pk(row: dict) -> str:
     return "-" if row["passkey"] is None else f"{row['passkey']['retrieved']:.2f}"
 
 
-def _path(out, stem: str, seed: int) -> Path:
+def result_path(out, stem: str, seed: int) -> Path:
+    """The record of one seed's readings (``stem`` "readings") or fine-tuning curve ("ft-<method>") in ``out``."""
     return Path(out) / f"{stem}_seed{seed}.json"
 
 
@@ -255,8 +256,8 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trial
     the same model; a seed whose readings are finished but whose weights are gone is trained first."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     finetunes = unique_choices("fine-tune method", finetunes, STATIC)
-    cells = [runner.Cell(_path(out, "readings", s), readings, (s, cfg, out, ckpt, trials)) for s in seeds]
-    cells += [runner.Cell(_path(out, f"ft-{m}", s), finetune_curve, (m, s, cfg, out, ckpt, trials), phase=1)
+    cells = [runner.Cell(result_path(out, "readings", s), readings, (s, cfg, out, ckpt, trials)) for s in seeds]
+    cells += [runner.Cell(result_path(out, f"ft-{m}", s), finetune_curve, (m, s, cfg, out, ckpt, trials), phase=1)
               for m in finetunes for s in seeds]  # fmt: skip
 
     def weights_first(todo: list[runner.Cell]) -> list[runner.Cell]:

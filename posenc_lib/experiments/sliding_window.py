@@ -99,12 +99,13 @@ def read_model(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt) -> st
                                               for r in whole],
            "sliding": sliding, "retrained_seconds": None if seconds is None else round(seconds, 1),
            "eval_seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
-    atomic_write_json(_path(out, name, seed), rec)
+    atomic_write_json(result_path(out, name, seed), rec)
     return (f"done {name} seed {seed}: whole / sliding ppl "
             + " ".join(f"{a['length']}:{a['ppl']:.2f}/{b['ppl']:.2f}" for a, b in zip(rec["whole"], sliding)))
 
 
-def _path(out, name: str, seed: int) -> Path:
+def result_path(out, name: str, seed: int) -> Path:
+    """The record of model ``name``, seed ``seed``, in ``out``."""
     return Path(out) / f"{name}_seed{seed}.json"
 
 
@@ -114,7 +115,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names
     locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     names = unique_choices("model", names, MODELS)
-    cells = [runner.Cell(_path(out, m, s), read_model, (m, s, cfg, out, ckpt)) for m in names for s in seeds]
+    cells = [runner.Cell(result_path(out, m, s), read_model, (m, s, cfg, out, ckpt)) for m in names for s in seeds]
     runner.run_grid(cells, out=out, ckpt=ckpt, schema=RECORDS, config=asdict(cfg), log=log)
 
 

@@ -249,7 +249,8 @@ class Seq2SeqTransformer(nn.Module):
                 f"max_len or use a scheme defined at every position (sinusoidal, rope, t5, alibi, ...)"
             )
 
-    def _embed(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
+    def embed_tokens(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
+        """``tokens`` through ``table``, scaled by sqrt(d_model), plus ``scheme``'s code of ``positions`` if it adds one."""
         x = table(tokens) * math.sqrt(self.d_model)
         code = scheme.embed(positions)
         if code is not None:
@@ -262,7 +263,7 @@ class Seq2SeqTransformer(nn.Module):
         self._check_length(self.enc_pos, src.shape[1], "a source")
         check_padding_mask("src_key_padding_mask", src_key_padding_mask, *src.shape)
         pos = torch.arange(src.shape[1], device=src.device)
-        x = self._embed(self.embed, src, self.enc_pos, pos)
+        x = self.embed_tokens(self.embed, src, self.enc_pos, pos)
         ctx = self.enc_pos.prepare(pos, pos)
         for i, layer in enumerate(self.encoder):
             x = layer(x, src_key_padding_mask, self.enc_pos, ctx, i)
@@ -322,7 +323,7 @@ class Seq2SeqTransformer(nn.Module):
         t = tgt.shape[1]
         q_pos = torch.arange(offset, offset + t, device=tgt.device)
         k_pos = torch.arange(0, offset + t, device=tgt.device)
-        x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)
+        x = self.embed_tokens(self.tgt_embed, tgt, self.dec_pos, q_pos)
         if cache is not None:
             ctx = self.dec_pos.prepare_step(q_pos, k_pos, cache.scheme_state)
         else:
@@ -348,7 +349,7 @@ class Seq2SeqTransformer(nn.Module):
         """
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         rows = x.shape[0] * x.shape[1]
-        packed = getattr(self, "_packed_logits", None)  # set while a decoding loop runs (decoding.packed_weights)
+        packed = getattr(self, "packed_logits", None)  # set while a decoding loop runs (decoding.packed_weights)
         if packed is not None and rows <= FEW_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         if rows <= FEW_ROWS and on_host(x):

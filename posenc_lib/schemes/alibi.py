@@ -145,12 +145,12 @@ class ALiBi(PositionScheme):
         first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
         offsets = torch.arange(first, first + q_len + k_len - 1, device=self.slopes.device)
         slopes = self.slopes.float()[None]
-        left = self._left_slopes()
+        left = self.left_slopes()
         if left is not None:
             slopes = torch.where(offsets[:, None] < 0, left.float()[None], slopes)
         return -(offsets.abs().float()[:, None] * slopes)
 
-    def _left_slopes(self) -> torch.Tensor | None:
+    def left_slopes(self) -> torch.Tensor | None:
         """The slopes for keys left of the query where they differ from :attr:`slopes` (the directional encoder)."""
         if self.bidirectional == "directional" and not self.causal:
             return directional_left_slopes(self.slopes)
@@ -166,7 +166,7 @@ class ALiBi(PositionScheme):
         if values is not None:
             return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
         split = self.bidirectional == "split" and not self.causal
-        bias = _alibi_bias(q_pos, k_pos, self.slopes, split, self._left_slopes())
+        bias = _alibi_bias(q_pos, k_pos, self.slopes, split, self.left_slopes())
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias}
 
     def offset_bias(self, ctx) -> torch.Tensor | None:

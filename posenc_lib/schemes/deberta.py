@@ -73,14 +73,14 @@ def disentangled_scores(q, k, pos_q, pos_k, index, ends=None):
     """c2p + p2c terms (unscaled).
 
     ``q: (B, H, Lq, d)``, ``k: (B, H, Lk, d)``, ``pos_q, pos_k: (H, 2k, d)`` (projected
-    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.  ``ends``: :func:`_clipped_ends` of
+    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.  ``ends``: :func:`clipped_ends` of
     ``index`` where the caller knows it.
     """
     if q.shape[2] == 1:  # one query (a cached decoding step): only its Lk buckets are needed
         return _one_query(q, k, pos_q, pos_k, index[0])
     c2p_all = q @ pos_k.transpose(-1, -2)  # (B, H, Lq, 2k): every query against every bucket
     p2c_all = pos_q @ k.transpose(-1, -2)  # (B, H, 2k, Lk): every bucket against every key
-    left, right = _clipped_ends(index) if ends is None else ends
+    left, right = clipped_ends(index) if ends is None else ends
     if left + (index.shape[1] - right) < index.shape[1] // 4:
         return _gathered(c2p_all, p2c_all, index)
     # keys far enough left (right) of every query of the block share the last (first) bucket: there the
@@ -123,18 +123,18 @@ def _gathered(c2p_all, p2c_all, index):
 
 
 def _ends_of(ctx: dict) -> tuple[int, int]:
-    """:func:`_clipped_ends` of ``ctx["index"]``, worked out once per forward pass for each block's slice of it (the
+    """:func:`clipped_ends` of ``ctx["index"]``, worked out once per forward pass for each block's slice of it (the
     layers of a stack share them; the cache lives in the context :meth:`DebertaDisentangled.prepare` made)."""
     index, cache = ctx["index"], ctx.get("ends_cache")
     if cache is None:
-        return _clipped_ends(index)
+        return clipped_ends(index)
     key = (index.data_ptr(), tuple(index.shape), index.stride())
     if key not in cache:
-        cache[key] = _clipped_ends(index)
+        cache[key] = clipped_ends(index)
     return cache[key]
 
 
-def _clipped_ends(index: torch.Tensor) -> tuple[int, int]:
+def clipped_ends(index: torch.Tensor) -> tuple[int, int]:
     """``(left, right)``: columns ``< left`` hold ``index[0, 0]`` in every row and columns ``>= right`` hold
     ``index[0, -1]`` (the clipped distances of a long block); ``(0, Lk)`` off the CPU (no host read)."""
     lk = index.shape[1]

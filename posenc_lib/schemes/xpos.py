@@ -44,7 +44,7 @@ import torch
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
 from ..checks import check_even, check_float_range, check_positive_int
-from .rotary import RotaryCache, _apply_rope_cos_sin
+from .rotary import RotaryCache, apply_rope_cos_sin_unchecked
 
 #: the largest ``|log(factor)|`` allowed (float32 and bfloat16 hold ``exp(+-88)``; a margin for the product)
 MAX_LOG_SCALE = 80.0
@@ -129,10 +129,10 @@ class XPos(PositionScheme):
             tables_q = tables_k = (ctx["cos"], ctx["sin"])
         r = self.rotary_dim
         if r == self.head_dim:
-            q_rot = _apply_rope_cos_sin(q, *tables_q, self.interleaved)
-            return q_rot, _apply_rope_cos_sin(k, *tables_k, self.interleaved)
-        q = torch.cat((_apply_rope_cos_sin(q[..., :r], *tables_q, self.interleaved), q[..., r:]), dim=-1)
-        k = torch.cat((_apply_rope_cos_sin(k[..., :r], *tables_k, self.interleaved), k[..., r:]), dim=-1)
+            q_rot = apply_rope_cos_sin_unchecked(q, *tables_q, self.interleaved)
+            return q_rot, apply_rope_cos_sin_unchecked(k, *tables_k, self.interleaved)
+        q = torch.cat((apply_rope_cos_sin_unchecked(q[..., :r], *tables_q, self.interleaved), q[..., r:]), dim=-1)
+        k = torch.cat((apply_rope_cos_sin_unchecked(k[..., :r], *tables_k, self.interleaved), k[..., r:]), dim=-1)
         return q, k
 
     def extra_repr(self):

@@ -203,7 +203,8 @@ def hub_available() -> bool:
     ) not in ("1", "true", "True")
 
 
-def _load_hub(max_train: int) -> dict[str, tuple[list[str], list[str]]]:
+def load_hub(max_train: int) -> dict[str, tuple[list[str], list[str]]]:
+    """WMT14 fr-en from the Hugging Face hub (streamed): ``{split: (fr, en)}``, at most ``max_train`` training pairs."""
     import datasets
 
     def pairs(split, limit=None):
@@ -244,7 +245,7 @@ def load_wmt14(
         why = " (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE set: hub not tried)"
     else:
         try:
-            splits = _load_hub(max_train or 1_000_000)
+            splits = load_hub(max_train or 1_000_000)
             where = "Hugging Face hub: datasets.load_dataset('wmt14', 'fr-en') (streamed train subset)"
         except Exception as err:  # the hub is unreachable or the dataset moved
             if source == "hub":

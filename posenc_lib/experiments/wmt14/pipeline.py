@@ -304,7 +304,7 @@ def _finished(run_dir: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(run_dir).glob("*-seed*/result.json"))
 
 
-def _check_config(run_dir: Path, config: dict) -> dict:
+def check_config(run_dir: Path, config: dict) -> dict:
     """Refuse a run folder made with other settings; returns its ``config.json`` ({} for a new folder).
 
     Training settings must match; the settings that choose the test sentences and the decoding
@@ -416,7 +416,7 @@ def _checkpoints(run_dir: Path, ckpt_root: Path, name: str) -> list[Path]:
     return [p for p in (ckpt_root / name / "checkpoint.pt", run_dir / name / "checkpoint.pt") if p.is_file()]
 
 
-def _job(pe: str, seed: int, ctx: dict) -> dict:
+def run_model(pe: str, seed: int, ctx: dict) -> dict:
     """Train, translate and score one (scheme, seed); writes ``MODEL/result.json``. Also the ``--jobs`` worker."""
     log = ctx["log"]
     rank = dist_info()[0]
@@ -459,7 +459,7 @@ def _worker(pe: str, seed: int, ctx: dict, threads: int) -> dict:
                tok=get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where),
                data=torch.load(Path(ctx["ckpt_root"]) / f"data-{ctx['direction']}.pt", weights_only=False),
                tests=read_test_sets(run_dir))
-    return _job(pe, seed, ctx)
+    return run_model(pe, seed, ctx)
 
 
 def _lock_folders(folders, rank: int, world: int, log) -> contextlib.ExitStack:
@@ -542,7 +542,7 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
         raise ValueError(f"--jobs {jobs} cannot be combined with torchrun (WORLD_SIZE={world}); use one of them")
     config = {"profile": asdict(prof), "direction": direction, "tokenizer_source": str(vocab or prof.tokenizer),
               "hardware": hardware(device, precision)}
-    old = _check_config(run_dir, config)
+    old = check_config(run_dir, config)
     if not resume and not overwrite:  # a checkpoint from an earlier sitting is never silently started over
         cut = [p for pe, seed in todo for p in _checkpoints(run_dir, ckpt_root, f"{pe}-seed{seed}")]
         if cut:
@@ -600,7 +600,7 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
     else:
         ctx.update(log=log, tok=tok, data=data, tests=read_test_sets(run_dir))
         for pe, seed in todo:
-            done = _job(pe, seed, ctx)
+            done = run_model(pe, seed, ctx)
             if not done["finished"]:
                 return None
             if rank == 0:
