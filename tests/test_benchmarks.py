@@ -72,7 +72,7 @@ def test_table_and_figure_are_written(quick_run):
 def test_naive_shaw_is_the_same_function_as_shaw():
     cfg = BenchConfig.quick()
     fast, naive = make_model("shaw", cfg).eval(), make_model(NAIVE_SHAW, cfg).eval()
-    assert isinstance(naive.enc_pos, ShawNaive) and not isinstance(fast.enc_pos, ShawNaive)
+    assert isinstance(naive.enc_scheme, ShawNaive) and not isinstance(fast.enc_scheme, ShawNaive)
     src, tgt = random_tokens(cfg, 2, 9, seed=1), random_tokens(cfg, 2, 7, seed=2)
     import torch
 

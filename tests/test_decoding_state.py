@@ -245,7 +245,7 @@ def test_a_one_query_step_reads_its_row_of_the_stack_context_from_a_kept_table(p
     """T5's bias and DeBERTa's bucket index of a decoding step come from tables of every distance kept in the cache's
     state (made longer when a step needs it): equal to the row :meth:`prepare` builds, at every step past a regrowth."""
     m = _small(pe)
-    scheme, state = m.dec_pos, {}
+    scheme, state = m.dec_scheme, {}
     key = "bias" if pe == "t5" else "index"
     for t in (0, 1, 5, 31, 32, 40, 100):
         q_pos, k_pos = torch.tensor([t]), torch.arange(t + 1)
@@ -264,12 +264,12 @@ def test_decoder_layer_step_is_its_forward_pass():
     with torch.no_grad():
         memory = m.encode(src)
         q_pos, k_pos = torch.tensor([0]), torch.tensor([0])
-        x = m.embed_tokens(m.tgt_embed, tok, m.dec_pos, q_pos)
+        x = m.embed_tokens(m.tgt_embed, tok, m.dec_scheme, q_pos)
         outs = []
         for run in ("step", "forward"):
             cache = m.new_cache()
-            ctx = m.dec_pos.prepare_step(q_pos, k_pos, cache.scheme_state)
+            prep = m.dec_scheme.prepare_step(q_pos, k_pos, cache.scheme_state)
             layer = m.decoder[0]
-            outs.append(layer.step(x, memory, None, m.dec_pos, ctx, 0, cache.layers[0]) if run == "step"
-                        else layer(x, memory, None, None, m.dec_pos, ctx, 0, cache.layers[0]))
+            outs.append(layer.step(x, memory, None, m.dec_scheme, prep, 0, cache.layers[0]) if run == "step"
+                        else layer(x, memory, None, None, m.dec_scheme, prep, 0, cache.layers[0]))
     assert torch.equal(outs[0], outs[1])

@@ -249,7 +249,7 @@ def private_uses(path: Path, root: Path = ROOT, packages: tuple[str, ...] = CODE
     own = module_name(path, root)
     ours = lambda name: name.split(".")[0] in packages  # noqa: E731
     bound, found = set(), []
-    where = lambda node, what: found.append(f"{path.relative_to(root)}:{node.lineno}: {what}")  # noqa: E731
+    report = lambda node, what: found.append(f"{path.relative_to(root)}:{node.lineno}: {what}")  # noqa: E731
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             source = _absolute(node.module, node.level, path, root)
@@ -257,7 +257,7 @@ def private_uses(path: Path, root: Path = ROOT, packages: tuple[str, ...] = CODE
                 continue
             for a in node.names:
                 if _private(a.name):
-                    where(node, f"from {source} import {a.name}")
+                    report(node, f"from {source} import {a.name}")
                 else:
                     bound.add(a.asname or a.name)
         elif isinstance(node, ast.Import):
@@ -268,12 +268,12 @@ def private_uses(path: Path, root: Path = ROOT, packages: tuple[str, ...] = CODE
             while isinstance(value, ast.Attribute) and not _private(value.attr):  # posenc_lib.schemes.deberta._x
                 value = value.value
             if isinstance(value, ast.Name) and value.id in bound:
-                where(node, f"{ast.unparse(node.value)}.{node.attr}")
+                report(node, f"{ast.unparse(node.value)}.{node.attr}")
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
                 "setattr", "delattr", "setitem") and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
               and node.args[0].id in bound and isinstance(node.args[1], ast.Constant)
               and isinstance(node.args[1].value, str) and _private(node.args[1].value)):
-            where(node, f"{node.func.attr}({node.args[0].id}, {node.args[1].value!r})")
+            report(node, f"{node.func.attr}({node.args[0].id}, {node.args[1].value!r})")
     return sorted(found, key=lambda use: int(use.split(":")[1]))
 
 

@@ -236,7 +236,7 @@ def test_section8_against_the_papers(runs, budget_runs):
     positions and ALiBi ahead of RoPE, XLNet, DeBERTa and scaled T5; ALiBi first in copying from 24 to 4L;
     t5-wide level in reversal; the pairs where each scheme keeps a tenth; RoPE never past L."""
     dec_cfg = replace(BUDGET, arch="decoder")
-    tables = {run: (m.pos.num_buckets, m.pos.max_distance)
+    tables = {run: (m.scheme.num_buckets, m.scheme.max_distance)
               for run in ("t5", "t5-wide") for m in [ex.make_model(run, dec_cfg)]}
     assert tables == {"t5": (34, 34), "t5-wide": (32, 128)}
 

@@ -728,8 +728,8 @@ def test_calibrate_keeps_a_folder_it_did_not_make(tmp_path, monkeypatch):
     (ck / "calibration" / "mine.txt").write_text("keep me\n")
     used = []
 
-    def timed(pe, ctx, barrier=None, threads=None):  # the measurement without the training
-        work = Path(ctx["work_dir"])
+    def timed(pe, job, barrier=None, threads=None):  # the measurement without the training
+        work = Path(job["work_dir"])
         assert work.is_dir() and work.parent == ck and work.name != "calibration"
         (work / f"{pe}.pt").write_text("a timed model\n")
         used.append(work)
@@ -774,7 +774,7 @@ def test_lessons_read_committed_results_through_results_file():
     import re
 
     raw = []
-    for where, src in _lesson_cells():
+    for cell, src in _lesson_cells():
         for m in re.finditer(r"\.read_text\(", src):
             before = src[: m.start()]
             if before.endswith(")"):  # (PATH).read_text(): PATH must be results_file's argument
@@ -789,10 +789,10 @@ def test_lessons_read_committed_results_through_results_file():
                 name = re.search(r"(\w+)$", before).group(1)
                 ok = re.search(rf"for {name} in (results_files\(|sorted\(\w+\.glob\()", src) is not None
             if not ok:
-                raw.append(f"{where}: {src[max(0, m.start() - 70) : m.end()]!r}")
+                raw.append(f"{cell}: {src[max(0, m.start() - 70) : m.end()]!r}")
         for m in re.finditer(r"\w+\.load_results\(([^)]*)\)", src):
             if "tmp" not in m.group(1) and not re.search(r"results_files\(|\.is_dir\(\)|\.glob\(", src):
-                raw.append(f"{where}: {m.group(0)!r}")
+                raw.append(f"{cell}: {m.group(0)!r}")
     assert raw == []
 
 

@@ -381,13 +381,13 @@ def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer | Causal
     if cfg.arch == "decoder":
         model = CausalLM(cfg.vocab_size, pe, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=2 * cfg.num_layers,
                          dim_feedforward=cfg.dim_feedforward, **extra)  # fmt: skip
-        schemes = [model.pos]
+        schemes = [model.scheme]
     else:
         model = build_model(
             pe, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
             dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, pad_id=PAD, **extra,
         )  # fmt: skip
-        schemes = [model.enc_pos, model.dec_pos]
+        schemes = [model.enc_scheme, model.dec_scheme]
     if randomized:
         for scheme in schemes:
             _randomize(scheme)

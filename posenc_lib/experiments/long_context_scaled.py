@@ -129,7 +129,7 @@ def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int,
     last = room if n <= L else room - L
     if last < 0:
         raise ValueError(f"n={n} is too short to plant the key more than L={L} characters back")
-    rows, where, dist = [], [], []
+    rows, key_at, dist = [], [], []
     for _ in range(trials):
         key = "".join(str(d) for d in torch.randint(0, 10, (KEY_DIGITS,), generator=g).tolist())
         pos = int(torch.randint(0, last + 1, (1,), generator=g))
@@ -138,9 +138,9 @@ def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int,
         text = filler[:pos] + NEEDLE.format(key=key) + filler[pos:] + QUESTION + key
         assert len(text) == n
         rows.append(vocab.encode(text))
-        where.append(list(range(n - KEY_DIGITS - 1, n - 1)))
+        key_at.append(list(range(n - KEY_DIGITS - 1, n - 1)))
         dist.append((n - KEY_DIGITS) - (pos + len(QUESTION)))  # the needle's key starts after its QUESTION-long prefix
-    return torch.stack(rows), torch.tensor(where), dist
+    return torch.stack(rows), torch.tensor(key_at), dist
 
 
 @torch.no_grad()
@@ -150,12 +150,12 @@ def passkey(model, vocab, eval_text: str, lengths: Sequence[int], L: int, trials
     model.eval()
     out = []
     for n in lengths:
-        ids, where, dist = passkey_batch(vocab, eval_text, n, L, trials, seed + n)
+        ids, key_at, dist = passkey_batch(vocab, eval_text, n, L, trials, seed + n)
         hits = []
         for i in range(0, trials, 32):
             logits = model(ids[i : i + 32])
-            pred = logits.argmax(-1).gather(1, where[i : i + 32])
-            hits.append(pred == ids[i : i + 32].gather(1, where[i : i + 32] + 1))
+            pred = logits.argmax(-1).gather(1, key_at[i : i + 32])
+            hits.append(pred == ids[i : i + 32].gather(1, key_at[i : i + 32] + 1))
         hit = torch.cat(hits)
         out.append({"length": n, "retrieved": round(float(hit.all(1).float().mean()), 4),
                     "digits": round(float(hit.float().mean()), 4), "trials": trials,

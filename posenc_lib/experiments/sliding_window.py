@@ -72,10 +72,10 @@ def sliding_nll(model, ids: torch.Tensor, n: int, window: int, *, batch: int = 2
         starts = torch.arange(1, n - w + 1)  # context start for t = w .. n-1
         cols = starts[:, None] + torch.arange(w)[None]  # (n - w, w)
         for r in range(k):
-            ctx = x[r][cols]  # (n - w, w)
+            windows = x[r][cols]  # (n - w, w)
             tgt = y[r][starts + w - 1]  # (n - w,)
-            for j in range(0, len(ctx), batch):
-                logits = model(ctx[j : j + batch])
+            for j in range(0, len(windows), batch):
+                logits = model(windows[j : j + batch])
                 nll[w + j : w + j + len(logits)] += F.cross_entropy(logits[:, -1], tgt[j : j + batch], reduction="none")
     return nll / k
 

@@ -99,14 +99,14 @@ def block_mask(q, n: int, parts, scale: float, allowed=None, work: dict | None =
     return _BlockMask.apply(q, r, v, n, scale, allowed, work)
 
 
-def kernel_queries(pos: XLNetRelative, q, parts_):
+def kernel_queries(scheme: XLNetRelative, q, parts_):
     """The queries the fused CPU kernel takes, ``q + u``: term (c), ``u . k_j``, enters through the kernel's own
     product, and :func:`mask_from_parts` lays out only (b)+(d) (one pass less over a block's scores, and no key
     gradient through the mask)."""
     return q + parts_[1][None, :, None, :]
 
 
-def mask_from_parts(pos: XLNetRelative, q, k, parts_, ctx, scale: float, allowed=None, work: dict | None = None):
+def mask_from_parts(scheme: XLNetRelative, q, k, parts_, prep, scale: float, allowed=None, work: dict | None = None):
     """The fused CPU path's float mask of one query block against the keys ``k`` (:func:`block_mask`): with the
     kernel's queries :func:`kernel_queries`, the scores are ``scores_from_parts`` times ``scale``; ``-inf`` where
     ``allowed`` is false; its score-sized tensors in ``work``."""

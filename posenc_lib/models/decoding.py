@@ -283,11 +283,11 @@ def greedy_decode(
                     if step == 0 or not own:
                         logits = model.decode(inp, memory, memory_key_padding_mask=src_key_padding_mask, cache=cache)
                     else:  # ids from the argmax, masks checked at the first step: only the length is left to check
-                        model._check_length(model.dec_pos, step + 1, "a target")
+                        model.check_length(model.dec_scheme, step + 1, "a target")
                         logits = model.decode_unchecked(inp, memory, src_key_padding_mask, None, cache)
                     nxt = logits[:, -1].argmax(-1).masked_fill(done, pad_id)
                 else:  # ids and masks checked above, new ids from the argmax: only the length is left to check
-                    model._check_length(model.dec_pos, step + 1, "a target")
+                    model.check_length(model.dec_scheme, step + 1, "a target")
                     try:
                         nxt = step_fn(model, inp, memory, src_key_padding_mask, cache, done, pad_id)
                     except Exception as err:  # noqa: BLE001 (no working compiler: decode uncompiled)

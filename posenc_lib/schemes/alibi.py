@@ -115,7 +115,7 @@ def _alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, 
                  paper="Press et al. 2022, Train Short, Test Long (ALiBi)")
 class ALiBi(PositionScheme):
     name = "alibi"
-    where = "scores (bias)"
+    enters = "scores (bias)"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, bidirectional: str = "symmetric"):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -169,16 +169,16 @@ class ALiBi(PositionScheme):
         bias = _alibi_bias(q_pos, k_pos, self.slopes, split, self.left_slopes())
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias}
 
-    def offset_bias(self, ctx) -> torch.Tensor | None:
+    def offset_bias(self, prep) -> torch.Tensor | None:
         """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where
         the context has one value per offset (see :meth:`prepare`); ``None`` otherwise."""
-        values = ctx.get("offset_values")
+        values = prep.get("offset_values")
         return None if values is None else values.t().contiguous()
 
     def extra_repr(self):
         return f"causal={self.causal}, bidirectional={self.bidirectional!r}"
 
-    def bias(self, ctx, layer):
-        if "bias" not in ctx:  # built once, shared by the stack's layers (the context is the stack's)
-            ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
-        return ctx["bias"]
+    def bias(self, prep, layer):
+        if "bias" not in prep:  # built once, shared by the stack's layers (the context is the stack's)
+            prep["bias"] = toeplitz_bias(prep["offset_values"], prep["q_pos"].numel(), prep["k_pos"].numel())
+        return prep["bias"]

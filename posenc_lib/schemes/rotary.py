@@ -236,7 +236,7 @@ class RotaryScheme(PositionScheme):
     """
 
     name = "rope"
-    where = "q,k"
+    enters = "q,k"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0, interleaved: bool = True,
                  scaling: dict | None = None, rotary_dim: int | None = None):  # fmt: skip
@@ -253,8 +253,8 @@ class RotaryScheme(PositionScheme):
         cos, sin = self.cache.cos_sin(q_pos, k_pos.max() + 1 if k_pos.numel() else None)
         return {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
 
-    def rotate(self, q, k, ctx, layer):
-        cos, sin = ctx["cos"], ctx["sin"]
+    def rotate(self, q, k, prep, layer):
+        cos, sin = prep["cos"], prep["sin"]
         r = self.rotary_dim
         if r == self.head_dim:
             rotate = apply_rope_cos_sin_unchecked

@@ -79,7 +79,7 @@ class XPos(PositionScheme):
     """
 
     name = "xpos"
-    where = "q,k"
+    enters = "q,k"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, scale_base: float = 512.0, gamma: float = 0.4,
                  base: float = 10000.0, interleaved: bool = True, rotary_dim: int | None = None):  # fmt: skip
@@ -109,9 +109,9 @@ class XPos(PositionScheme):
     def prepare(self, q_pos, k_pos):
         check_positions(q_pos, k_pos)
         cos, sin = self.cache.cos_sin(q_pos)
-        ctx = {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
+        prep = {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
         if not self.causal:  # the library's bidirectional form: rotation only (not the paper's)
-            return ctx
+            return prep
         if on_host(q_pos) and q_pos.numel() and int(q_pos.abs().max()) > self.max_position:
             raise ValueError(
                 f"xpos: position {int(q_pos.abs().max())} is beyond position {self.max_position}, the last whose decay "
@@ -120,13 +120,13 @@ class XPos(PositionScheme):
             )
         up = xpos_scales(q_pos, self.zeta, self.scale_base, self.interleaved)
         down = xpos_scales(-q_pos, self.zeta, self.scale_base, self.interleaved)
-        return {**ctx, "cos_q": cos * up, "sin_q": sin * up, "cos_k": cos * down, "sin_k": sin * down}
+        return {**prep, "cos_q": cos * up, "sin_q": sin * up, "cos_k": cos * down, "sin_k": sin * down}
 
-    def rotate(self, q, k, ctx, layer):
+    def rotate(self, q, k, prep, layer):
         if self.causal:
-            tables_q, tables_k = (ctx["cos_q"], ctx["sin_q"]), (ctx["cos_k"], ctx["sin_k"])
+            tables_q, tables_k = (prep["cos_q"], prep["sin_q"]), (prep["cos_k"], prep["sin_k"])
         else:
-            tables_q = tables_k = (ctx["cos"], ctx["sin"])
+            tables_q = tables_k = (prep["cos"], prep["sin"])
         r = self.rotary_dim
         if r == self.head_dim:
             q_rot = apply_rope_cos_sin_unchecked(q, *tables_q, self.interleaved)

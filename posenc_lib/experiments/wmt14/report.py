@@ -173,8 +173,8 @@ def _digest_cached(path: Path, inputs: str, cache: bool, compute, *, save, load)
 
 
 def _tokenizer(run_dir: Path, results: dict):
-    kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
-    return get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
+    kind, tok_source = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
+    return get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if tok_source == kind else tok_source)
 
 
 def within_training_length(run_dir, test: str = "newstest2014") -> dict:
