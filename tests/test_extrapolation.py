@@ -540,8 +540,9 @@ def test_t5_wide_keeps_the_papers_table_and_is_not_in_all():
         wide, scaled = ex.make_model("t5-wide", c), ex.make_model("t5", c)
         scheme_of = (lambda m: m.scheme) if arch == "decoder" else (lambda m: m.enc_scheme)
         assert (scheme_of(wide).num_buckets, scheme_of(wide).max_distance) == (32, 128)
-        assert (scheme_of(scaled).num_buckets, scheme_of(scaled).max_distance) == (c.table_options("t5")["num_buckets"],
-                                                                       c.table_options("t5")["max_distance"])
+        table = c.table_options("t5")
+        assert (scheme_of(scaled).num_buckets, scheme_of(scaled).max_distance) == (table["num_buckets"],
+                                                                                   table["max_distance"])
         assert ex.run_table_options("t5-wide", c) == {} and "t5-wide" not in ex.all_runs(arch)
 
 
