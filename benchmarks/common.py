@@ -188,12 +188,12 @@ class ShawNaive(ShawRelative):
     name = NAIVE_SHAW
     clipped_sides = False
 
-    def scores(self, q, k, ctx, layer, attn):
-        a_k = self.table_k[layer].to(q.dtype)[ctx["index"]]  # (Lq, Lk, d)
+    def scores(self, q, k, prep, layer, attn):
+        a_k = self.table_k[layer].to(q.dtype)[prep["index"]]  # (Lq, Lk, d)
         return torch.einsum("bhid,ijd->bhij", q, a_k)
 
-    def values(self, probs, ctx, layer):
-        a_v = self.table_v[layer].to(probs.dtype)[ctx["index"]]
+    def values(self, probs, prep, layer):
+        a_v = self.table_v[layer].to(probs.dtype)[prep["index"]]
         return torch.einsum("bhij,ijd->bhid", probs, a_v)
 
 
@@ -209,7 +209,7 @@ def make_model(pe: str, cfg: BenchConfig, seed: int = 0) -> torch.nn.Module:
         dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, **extra,
     )  # fmt: skip
     if pe == NAIVE_SHAW:
-        for stack in ("enc_pos", "dec_pos"):
+        for stack in ("enc_scheme", "dec_scheme"):
             old = getattr(model, stack)
             new = ShawNaive(old.d_model, old.n_heads, old.num_layers, old.causal, old.max_relative_position)
             new.load_state_dict(old.state_dict())

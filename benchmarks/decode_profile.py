@@ -57,7 +57,7 @@ def default_out() -> Path:
 _COMPILE_MACHINERY = ("TorchDynamo Cache Lookup", "Torch-Compiled Region", "Pregraph bytecode", "CompiledFunction")
 
 
-def _category(name: str, shapes, vocab: int) -> str | None:
+def operator_category(name: str, shapes, vocab: int) -> str | None:
     """The category of one operator's own time; ``None`` for a wrapper whose time is its callees' or for
     torch.compile's machinery (then it stays in "outside operators").  A compiled graph's own time (its generated
     kernels: the fused layer norms, residual sums, activations) counts as other operators."""
@@ -93,7 +93,7 @@ def profile_scheme(pe: str, cfg: BenchConfig) -> dict:
         wall = time.perf_counter() - t0
     spent = dict.fromkeys(CATEGORIES, 0.0)
     for e in prof.key_averages(group_by_input_shape=True):
-        cat = _category(e.key, e.input_shapes, cfg.vocab_size)
+        cat = operator_category(e.key, e.input_shapes, cfg.vocab_size)
         if cat is not None:
             spent[cat] += e.self_cpu_time_total / 1e6
     spent["outside operators"] = max(0.0, wall - sum(spent.values()))

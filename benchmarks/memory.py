@@ -128,7 +128,8 @@ def bench_memory_batches(schemes: tuple[str, ...], cfg: BenchConfig, threads: in
     return out
 
 
-def _main(argv=None) -> None:
+def main(argv=None) -> None:
+    """The worker's command line: measure one scheme's memory in this process and print it as JSON."""
     p = CliParser(prog="python -m benchmarks.memory", description="one memory measurement (used by benchmarks.run)")
     p.add_argument("--worker", required=True, help="scheme name")
     p.add_argument("--threads", type=int, default=1)
@@ -153,4 +154,4 @@ def _main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    main()

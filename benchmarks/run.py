@@ -80,7 +80,7 @@ def _made_by_suite(folder: Path) -> bool:
 SHARED = ("d_model", "n_heads", "num_layers", "dim_feedforward", "vocab_size", "device", "dtype")
 
 
-def _other_model(folder: Path, kept: list[str], cfg: BenchConfig) -> str | None:
+def other_model(folder: Path, kept: list[str], cfg: BenchConfig) -> str | None:
     """A one-line refusal if a part this run keeps in ``folder`` was measured on another model, device or dtype
     (table.md, made from every part there, would describe them all with one model); None if none was."""
     import json
@@ -208,13 +208,13 @@ def main(argv=None) -> dict:
                 refuse_overwrite([a.out / "table.md", a.out / "cost.png"], advice="or give another --out")
         except FileExistsError as err:
             p.error(str(err))
-    mixed = _other_model(a.out, [f for f in PART_FILES if f not in {part_file(p, cfg) for p in a.only}], cfg)
+    mixed = other_model(a.out, [f for f in PART_FILES if f not in {part_file(p, cfg) for p in a.only}], cfg)
     if mixed:
         p.error(mixed)
     torch.set_num_threads(a.threads)
     try:
         with removed_if_left_empty(a.out), FolderLock(a.out, what="--out folder", log=lambda m: log(m, a.quiet)):
-            return _run(a, schemes, cfg)
+            return run_parts(a, schemes, cfg)
     except ValueError as err:  # the folder is locked by another run
         p.error(str(err))
     except KeyboardInterrupt:
@@ -223,7 +223,8 @@ def main(argv=None) -> dict:
         raise SystemExit(INTERRUPTED) from None
 
 
-def _run(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
+def run_parts(a: argparse.Namespace, schemes, cfg: BenchConfig) -> dict:
+    """Measure the parts of ``a.only`` for ``schemes`` and write each part's file in ``a.out``."""
     machine = machine_info(cfg.device)
     written = {}
     for part in PARTS:

@@ -185,9 +185,9 @@ class FolderLock:
                         f"pid {pid}, which no longer runs ({info.get('command') or '?'}); wait for them to end or stop "
                         f"them (kill {' '.join(map(str, living))}), then run again") from None
                 if pid is not None and (not here or _process_alive(pid, info.get("start"))):
-                    where = "" if here else f" on host {info.get('host')}"
+                    on_host = "" if here else f" on host {info.get('host')}"
                     raise FolderLocked(
-                        f"{self.folder} is being written by another process (pid {pid}{where}, since "
+                        f"{self.folder} is being written by another process (pid {pid}{on_host}, since "
                         f"{info.get('since', '?')}: {info.get('command') or '?'}); wait for it to finish or stop it, "
                         f"or use another {self.what}; if that process is gone, delete {self.path}") from None
                 self.log(f"note: {self.path} was left by pid {pid if pid is not None else '?'}, which no longer "

@@ -95,3 +95,18 @@ def consecutive(pos: torch.Tensor) -> bool:
     """True when the 1-d host tensor ``pos`` is ``start, start + 1, ...`` (positions of one unbroken window)."""
     n = pos.numel()
     return n > 0 and int(pos[-1]) - int(pos[0]) == n - 1 and (n == 1 or bool((pos.diff() == 1).all()))
+
+
+def renamed_keys_hook(renames: dict[str, str]):
+    """A ``load_state_dict`` pre-hook that loads state dicts saved before submodules were renamed: each key
+    ``old.<rest>`` of ``renames`` (under the module's prefix) becomes ``new.<rest>``."""
+
+    def hook(module, state_dict, prefix, *args) -> None:
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            rest = key[len(prefix):]
+            for old, new in renames.items():
+                if rest.startswith(old + "."):
+                    state_dict[prefix + new + rest[len(old):]] = state_dict.pop(key)
+                    break
+
+    return hook

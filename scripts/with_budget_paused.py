@@ -144,7 +144,7 @@ def _stat(pid: int) -> list[str]:
         return []
 
 
-def _instances() -> list[int]:
+def other_instances() -> list[int]:
     """The other processes running this script (python [OPTIONS] .../with_budget_paused.py ...)."""
     found = []
     for entry in Path("/proc").glob("[0-9]*/cmdline"):
@@ -234,7 +234,7 @@ def main(argv: list[str]) -> int:
     if bad:
         print(bad[1], file=sys.stderr)
         return bad[0]
-    others = _instances()
+    others = other_instances()
     outer = [pid for pid in others if pid in _ancestors()]
     if not outer and others:
         print(f"error: another with_budget_paused.py runs (pid {others[0]}): wait for it to end; two at once would "

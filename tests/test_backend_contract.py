@@ -89,8 +89,8 @@ def _layer_and_inputs(pe: str, causal: bool, padded: bool, batch: int):
 
 
 def _run(scheme, attn, x, pad, causal: bool, need_weights: bool = False):
-    ctx = scheme.prepare(torch.arange(N), torch.arange(N))  # fresh: a context keeps the bias it lays out
-    out = attn(x, causal=causal, pos=scheme, ctx=ctx, key_padding_mask=pad, need_weights=need_weights)
+    prep = scheme.prepare(torch.arange(N), torch.arange(N))  # fresh: a context keeps the bias it lays out
+    out = attn(x, causal=causal, scheme=scheme, prep=prep, key_padding_mask=pad, need_weights=need_weights)
     return out[0] if need_weights else out
 
 
@@ -128,7 +128,7 @@ def _output_and_grads(scheme, attn, x, pad, causal: bool, need_weights: bool, gr
         if not grad:
             return out, {}
         params = {f"attn.{n}": p for n, p in attn.named_parameters()}
-        params |= {f"pos.{n}": p for n, p in scheme.named_parameters()}
+        params |= {f"scheme.{n}": p for n, p in scheme.named_parameters()}
         d_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
         grads = torch.autograd.grad(out, [x, *params.values()], d_out, allow_unused=True)
         return out.detach(), {name: g for name, g in zip(["x", *params], grads) if g is not None}
@@ -144,11 +144,11 @@ def test_backend_equals_the_explicit_softmax(pe, backend):
         ref, ref_grads = _output_and_grads(scheme, attn, x, pad, causal, need_weights=True, grad=grad)
         with _setting(backend):
             got, got_grads = _output_and_grads(scheme, attn, x, pad, causal, need_weights=False, grad=grad)
-        where = f"{pe} {backend} causal={causal} padded={padded} batch={batch}"
-        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4, msg=where)
-        assert got_grads.keys() == ref_grads.keys(), where
+        case = f"{pe} {backend} causal={causal} padded={padded} batch={batch}"
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4, msg=case)
+        assert got_grads.keys() == ref_grads.keys(), case
         for name, g in ref_grads.items():
-            torch.testing.assert_close(got_grads[name], g, atol=1e-5, rtol=1e-4, msg=f"{where}: d {name}")
+            torch.testing.assert_close(got_grads[name], g, atol=1e-5, rtol=1e-4, msg=f"{case}: d {name}")
 
 
 @pytest.mark.parametrize("backend", sorted(APPLIES))

@@ -515,12 +515,12 @@ def test_benchmark_bad_flags(argv, names, bad_paths):
 
 
 def test_memory_worker_bad_flags():
-    from benchmarks.memory import _main
+    from benchmarks.memory import main
 
-    assert_one_line_error(_main, ["--worker", "rotery", "--config", "{}"], "rotery")
-    assert_one_line_error(_main, ["--worker", "rope", "--config", "{oops"], "--config")
-    assert_one_line_error(_main, ["--worker", "rope", "--config", '{"batch": 0}'], "batch")
-    assert_one_line_error(_main, ["--worker", "rope", "--config", "{}", "--threads", "0"], "--threads")
+    assert_one_line_error(main, ["--worker", "rotery", "--config", "{}"], "rotery")
+    assert_one_line_error(main, ["--worker", "rope", "--config", "{oops"], "--config")
+    assert_one_line_error(main, ["--worker", "rope", "--config", '{"batch": 0}'], "batch")
+    assert_one_line_error(main, ["--worker", "rope", "--config", "{}", "--threads", "0"], "--threads")
 
 
 LONGCTX_BAD = [
@@ -754,7 +754,7 @@ def _file_system_clis(tmp, monkeypatch):
             atomic_write_json(path, {"config": config_of(lc.COURSE)})
         return path
 
-    monkeypatch.setattr(ex, "_finish", finish)
+    monkeypatch.setattr(ex, "train_and_write", finish)
     monkeypatch.setattr(lc, "pretrain", lambda name, seed, cfg, out, ckpt: "done")
     monkeypatch.setattr(rv, "train_one", lambda name, seed, cfg, out: atomic_write_json(
         lc.result_path(out, name, seed), {"config": config_of(cfg)}) or "done")
@@ -767,9 +767,9 @@ def _file_system_clis(tmp, monkeypatch):
     monkeypatch.setattr(pkt, "train_one", lambda name, seed, pk, out: atomic_write_json(
         pkt.result_path(out, name, seed), {"config": config_of(pk.lm()), "passkey_training": config_of(pk)}) or "done")
     monkeypatch.setattr(lcs, "readings", lambda seed, cfg, out, ckpt, trials: atomic_write_json(
-        lcs._path(out, "readings", seed), {"config": config_of(cfg), "trials": trials}) or "done")
+        lcs.result_path(out, "readings", seed), {"config": config_of(cfg), "trials": trials}) or "done")
     monkeypatch.setattr(sw, "read_model", lambda name, seed, cfg, out, ckpt: atomic_write_json(
-        sw._path(out, name, seed), {"config": config_of(cfg)}) or "done")
+        sw.result_path(out, name, seed), {"config": config_of(cfg)}) or "done")
     monkeypatch.setattr(br, "bench_train", lambda schemes, cfg, quiet: {"lengths": {}})
     monkeypatch.setattr(br, "write_report", lambda out: (out / "table.md").write_text("report\n"))
     monkeypatch.setattr(bb.subprocess, "run", lambda cmd, **kw: Path(cmd[cmd.index("-d") + 3]).mkdir(parents=True))

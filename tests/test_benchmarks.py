@@ -72,7 +72,7 @@ def test_table_and_figure_are_written(quick_run):
 def test_naive_shaw_is_the_same_function_as_shaw():
     cfg = BenchConfig.quick()
     fast, naive = make_model("shaw", cfg).eval(), make_model(NAIVE_SHAW, cfg).eval()
-    assert isinstance(naive.enc_pos, ShawNaive) and not isinstance(fast.enc_pos, ShawNaive)
+    assert isinstance(naive.enc_scheme, ShawNaive) and not isinstance(fast.enc_scheme, ShawNaive)
     src, tgt = random_tokens(cfg, 2, 9, seed=1), random_tokens(cfg, 2, 7, seed=2)
     import torch
 
@@ -116,7 +116,7 @@ def test_worker_peak_memory_is_its_own_not_the_parents():
 def test_decode_profile_splits_a_cached_step(tmp_path):
     """The decoding profile sorts every operator's own time into its categories; shares sum to one, and the
     vocabulary product is found by its shape."""
-    from benchmarks.decode_profile import CATEGORIES, _category, main as profile_main
+    from benchmarks.decode_profile import CATEGORIES, operator_category, main as profile_main
 
     doc = profile_main(["--quick", "--schemes", "none,shaw", "--threads", "1", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "decode_profile.json").read_text()) == doc
@@ -125,19 +125,19 @@ def test_decode_profile_splits_a_cached_step(tmp_path):
         assert tuple(r["shares"]) == CATEGORIES and abs(sum(r["shares"].values()) - 1) < 1e-9
         assert r["shares"]["output projection"] > 0 and r["shares"]["attention"] > 0 and r["ms_per_step"] > 0
     vocab = BenchConfig.quick().vocab_size
-    assert _category("aten::mm", [[2, 32], [32, vocab]], vocab) == "output projection"
-    assert _category("aten::mm", [[vocab, 32], [32, 2]], vocab) == "output projection"  # W x^T (few rows)
-    assert _category("aten::mm", [[2, 32], [32, 5]], vocab) == "attention"
-    assert _category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
+    assert operator_category("aten::mm", [[2, 32], [32, vocab]], vocab) == "output projection"
+    assert operator_category("aten::mm", [[vocab, 32], [32, 2]], vocab) == "output projection"  # W x^T (few rows)
+    assert operator_category("aten::mm", [[2, 32], [32, 5]], vocab) == "attention"
+    assert operator_category("aten::addmm", [[32], [2, 32], [32, 32]], vocab) == "linear layers"
     # a packed weight (greedy_decode's cached loop on CPU): the output matrix or a linear layer
-    assert _category("mkldnn::_linear_pointwise", [[2, 1, 32], [vocab, 32], [], [], [], []], vocab) == "output projection"
-    assert _category("mkldnn::_linear_pointwise", [[2, 1, 32], [64, 32], [64], [], [], []], vocab) == "linear layers"
-    assert _category("aten::linear", [[2, 32], [32, 32]], vocab) is None
-    assert _category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"
+    assert operator_category("mkldnn::_linear_pointwise", [[2, 1, 32], [vocab, 32], [], [], [], []], vocab) == "output projection"
+    assert operator_category("mkldnn::_linear_pointwise", [[2, 1, 32], [64, 32], [64], [], [], []], vocab) == "linear layers"
+    assert operator_category("aten::linear", [[2, 32], [32, 32]], vocab) is None
+    assert operator_category("aten::_scaled_dot_product_flash_attention_for_cpu", [], vocab) == "attention"
     # a compiled step: the machinery around the graph stays outside operators, the graph's own kernels are operators
     for machinery in ("TorchDynamo Cache Lookup", "Torch-Compiled Region: 0/1", "Pregraph bytecode"):
-        assert _category(machinery, [], vocab) is None
-    assert _category("## Call CompiledFxGraph fzegegx3ix ##", [], vocab) == "other operators"
+        assert operator_category(machinery, [], vocab) is None
+    assert operator_category("## Call CompiledFxGraph fzegegx3ix ##", [], vocab) == "other operators"
 
 
 def test_decode_profile_names_a_bad_scheme(tmp_path, capsys):

@@ -82,7 +82,7 @@ def test_blocks_without_gradients_and_in_decoding_give_the_same_outputs(pe, monk
 
 def test_a_scheme_with_score_terms_but_no_query_slice_runs_in_one_piece(monkeypatch):
     class Plain(attention.PositionScheme):
-        def scores(self, q, k, ctx, layer, attn):
+        def scores(self, q, k, prep, layer, attn):
             return torch.zeros(q.shape[:-1] + (k.shape[2],))
 
     scheme = Plain(16, 2, 1)
@@ -91,6 +91,6 @@ def test_a_scheme_with_score_terms_but_no_query_slice_runs_in_one_piece(monkeypa
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 8)
     pos = torch.arange(6)
     x = torch.randn(2, 6, 16, requires_grad=True)
-    out = mha(x, pos=scheme, ctx=scheme.prepare(pos, pos))
+    out = mha(x, scheme=scheme, prep=scheme.prepare(pos, pos))
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", None)
-    torch.testing.assert_close(out, mha(x, pos=scheme, ctx=scheme.prepare(pos, pos)))
+    torch.testing.assert_close(out, mha(x, scheme=scheme, prep=scheme.prepare(pos, pos)))

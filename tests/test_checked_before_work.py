@@ -58,7 +58,7 @@ def no_work(monkeypatch, tmp_path):
         monkeypatch.setattr(mod, "data", _work)
         monkeypatch.setattr(mod, "load_text", _work)
     monkeypatch.setattr(sw, "read_model", _work)
-    monkeypatch.setattr(br, "_run", _work)
+    monkeypatch.setattr(br, "run_parts", _work)
     monkeypatch.setattr(dp, "profile_scheme", _work)
     monkeypatch.setattr(ts, "run_candidate", _work)
     monkeypatch.setattr(bm, "worker", _work)
@@ -212,7 +212,7 @@ def test_character_models_name_the_field_that_differs(cli, tmp_path):
     main, cfg, path = {
         "long_context": (lc.main, lc.SMOKE, lc.result_path(tmp_path / "o", "rope", 0)),
         "rope_variants": (rv.main, rv.SMOKE, lc.result_path(tmp_path / "o", "rope", 0)),
-        "sliding_window": (sw.main, lc.SMOKE, sw._path(tmp_path / "o", "rope", 0)),
+        "sliding_window": (sw.main, lc.SMOKE, sw.result_path(tmp_path / "o", "rope", 0)),
     }[cli]
     _write(path, _lc_record(replace(cfg, steps=cfg.steps + 7)))
     ckpt = ["--ckpt", "ck"] if cli != "rope_variants" else []
@@ -221,7 +221,7 @@ def test_character_models_name_the_field_that_differs(cli, tmp_path):
 
 
 def test_long_context_scaled_names_the_setting_that_differs(tmp_path):
-    _write(lcs._path(tmp_path / "o", "readings", 0), _lc_record(lc.SMOKE, trials=200))
+    _write(lcs.result_path(tmp_path / "o", "readings", 0), _lc_record(lc.SMOKE, trials=200))
     line = refused(lcs.main, ["--finetunes", "none", "--seeds", "0", "--trials", "5", "--out", "o", "--ckpt", "ck"],
                    tmp_path)
     assert "trials 200 (now 5)" in line, line
@@ -258,7 +258,7 @@ def test_benchmarks_refuse_an_empty_scheme_list(main, argv, value, tmp_path):
 
 
 def test_memory_worker_refuses_an_empty_scheme(tmp_path):
-    line = refused(bm._main, ["--worker", "", "--config", "{}"], tmp_path)
+    line = refused(bm.main, ["--worker", "", "--config", "{}"], tmp_path)
     assert "--worker" in line and "rope" in line, line
 
 

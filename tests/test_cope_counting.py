@@ -81,7 +81,7 @@ def test_models_are_the_four_schemes_and_the_answer_is_read_at_the_question():
     assert list(cc.MODELS) == ["cope", "rope", "alibi", "none"]
     for name in cc.MODELS:
         model = cc.make_model(name, cfg)
-        assert model.pos.name == cc.MODELS[name][0]
+        assert model.scheme.name == cc.MODELS[name][0]
     model = cc.make_model("rope", cfg).eval()
     g = torch.Generator().manual_seed(1)
     tokens, lengths, _, _ = cc.make_batch(cfg, 6, g)

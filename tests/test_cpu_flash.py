@@ -437,13 +437,13 @@ def test_xlnet_block_parts_are_the_rows_its_slices_of_r_project():
     scheme = make_scheme("xlnet", 32, 4, 1, causal=True)
     mha = MultiHeadAttention(32, 4)
     pos = torch.arange(11)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     q = torch.zeros(1, 4, 11, 8)
-    whole = scheme.score_parts(q, ctx, 0, mha)
+    whole = scheme.score_parts(q, prep, 0, mha)
     for start, end, n in [(0, 4, 4), (4, 8, 8), (8, 11, 11), (4, 8, 11)]:
-        sliced = scheme.key_slice(scheme.query_slice(ctx, start, end), n)
+        sliced = scheme.key_slice(scheme.query_slice(prep, start, end), n)
         expected = scheme.score_parts(q[:, :, start:end], sliced, 0, mha)
-        for got, want in zip(scheme.block_parts(whole, ctx, start, end, n), expected):
+        for got, want in zip(scheme.block_parts(whole, prep, start, end, n), expected):
             torch.testing.assert_close(got, want)
 
 
@@ -495,8 +495,8 @@ def test_the_buffers_of_a_pass_are_emptied_when_it_ends(monkeypatch):
     src, tgt = torch.randint(4, 31, (3, 13)), torch.randint(4, 31, (3, 12))
     from posenc_lib.kernels import xlnet
 
-    filled, real_work = [], xlnet._work
-    monkeypatch.setattr(xlnet, "_work", lambda work, *a: filled.append(work) or real_work(work, *a))
+    filled, real_work = [], xlnet.work_buffer
+    monkeypatch.setattr(xlnet, "work_buffer", lambda work, *a: filled.append(work) or real_work(work, *a))
     model.loss(src, tgt[:, :-1], tgt[:, 1:]).backward()
     assert len(seen) == 4 and all(w == {} for w in seen)  # 2 encoder + 2 decoder layers, emptied after backward too
     assert filled and all(any(w is s for s in seen) for w in filled)  # every buffer was one of those dicts'
@@ -515,14 +515,14 @@ def test_the_courses_small_calls_keep_the_explicit_path(pe, monkeypatch):
     assert 32 * 4 * 64 * 64 < attention.FUSED_MIN_ELEMENTS
     model.loss(src, src[:, :-1], src[:, 1:]).backward()
     assert calls == []
-    scheme = model.enc_pos
+    scheme = model.enc_scheme
     b, n = 2, 1
     while b * 4 * n * n < attention.FUSED_MIN_ELEMENTS:
         n *= 2
-    ctx = scheme.prepare(torch.arange(n), torch.arange(n))
+    prep = scheme.prepare(torch.arange(n), torch.arange(n))
     q = torch.zeros(b, 4, n, 8)
     path = attention.choose_attention_path(scheme, q_len=n, k_len=n, causal=False, padded=False)
-    bias = scheme.bias(ctx, 0)
+    bias = scheme.bias(prep, 0)
     rows = SIDED_BLOCK_ROWS if pe in ("shaw", "deberta") else attention.FUSED_BLOCK_ROWS
     assert SIDED_BLOCK_ROWS != attention.FUSED_BLOCK_ROWS
     expected = [(s, min(s + rows, n)) for s in range(0, n, rows)]
@@ -540,7 +540,7 @@ def test_the_naive_shaw_contrast_stays_explicit_below_the_threshold(monkeypatch)
     monkeypatch.setattr(attention, "FUSED_MIN_ELEMENTS", 1)
     q = torch.zeros(2, 4, 6, 8)
     scheme = ShawNaive(32, 4, 1)
-    ctx = scheme.prepare(torch.arange(6), torch.arange(6))
+    prep = scheme.prepare(torch.arange(6), torch.arange(6))
     path = attention.choose_attention_path(scheme, q_len=6, k_len=6, causal=False, padded=False)
     assert backends.query_blocks(scheme, q, 6, path, None) is None
 
@@ -590,9 +590,9 @@ def test_t5_keys_beyond_max_distance_run_without_a_mask_with_the_explicit_loss_a
     monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
     _explicit_and_fused(model, lambda: model.loss(src, tgt[:, :-1], tgt[:, 1:], **pads), 3 * 4 * 13 * 13, monkeypatch)
     assert len(seen) == 2 and seen[0] is not None  # the decoder's two layers
-    scheme = model.dec_pos
-    ctx = scheme.prepare(torch.arange(20), torch.arange(20))
-    a, z = scheme.offset_runs(ctx)
+    scheme = model.dec_scheme
+    prep = scheme.prepare(torch.arange(20), torch.arange(20))
+    a, z = scheme.offset_runs(prep)
     buckets = t5_module.t5_relative_bucket(torch.arange(-19, 20), False, 8, 6)
     assert (buckets[:a] == 7).all() and buckets[a] != 7 and (buckets[z:] == 0).all()  # distances >= 6: the last bucket
     # rows 8-11 see keys 0-2 at distance >= 6 from each, rows 12-15 keys 0-6 (where key 5 is padded, the whole
@@ -648,10 +648,10 @@ def test_t5_offset_values_lay_out_the_same_bias():
     set_seed(0)
     scheme = make_scheme("t5", 32, 4, 1, causal=True)
     q_pos, k_pos = torch.arange(5, 1029), torch.arange(1029)  # the newest 1024 of 1029 keys
-    ctx = scheme.prepare(q_pos, k_pos)
-    assert "bias" not in ctx and "offset_values" in ctx  # large and consecutive: laid out on demand
-    values = scheme.offset_bias(ctx)
-    whole = scheme.bias(ctx, 0)
+    prep = scheme.prepare(q_pos, k_pos)
+    assert "bias" not in prep and "offset_values" in prep  # large and consecutive: laid out on demand
+    values = scheme.offset_bias(prep)
+    whole = scheme.bias(prep, 0)
     torch.testing.assert_close(whole, scheme.compute_bias(q_pos, k_pos), rtol=0, atol=0)
     buckets = scheme.buckets(q_pos, k_pos)
     torch.testing.assert_close(whole[0], scheme.relative_attention_bias.weight[buckets].permute(2, 0, 1), rtol=0, atol=0)
@@ -690,15 +690,15 @@ def test_alibi_offset_values_lay_out_the_same_bias_bit_for_bit(causal, n_heads, 
     for q_pos, k_pos in [(torch.arange(1024), torch.arange(1024)), (torch.arange(5, 1029), torch.arange(1029)),
                          (torch.arange(3, 700), torch.arange(10, 800))]:  # fmt: skip
         assert n_heads * q_pos.numel() * k_pos.numel() >= alibi_module.OFFSET_MIN_ELEMENTS
-        ctx = scheme.prepare(q_pos, k_pos)
-        assert "bias" not in ctx and "offset_values" in ctx  # large and consecutive: laid out on demand
-        whole = scheme.bias(ctx, 0)
+        prep = scheme.prepare(q_pos, k_pos)
+        assert "bias" not in prep and "offset_values" in prep  # large and consecutive: laid out on demand
+        whole = scheme.bias(prep, 0)
         assert whole.dtype == torch.float32 and torch.equal(whole, alibi_module.alibi_bias(q_pos, k_pos, scheme.slopes,
                                                                                        left_slopes=left))
-        assert scheme.bias(ctx, 1) is whole  # once per stack
+        assert scheme.bias(prep, 1) is whole  # once per stack
         q_len, k_len = q_pos.numel(), k_pos.numel()
         for start, end, n in [(0, 128, 133), (128, 256, k_len), (q_len - 24, q_len, k_len), (7, 9, 3)]:
-            block = offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(ctx))
+            block = offset_block(q_len, start, end, n, None, None, None, scheme.offset_bias(prep))
             assert torch.equal(block, whole[:, :, start:end, :n])
     pos = torch.arange(1024)
     assert "bias" in make_scheme("alibi", 48, n_heads, 1, causal=False, bidirectional="split").prepare(pos, pos)
@@ -806,9 +806,9 @@ def test_t5_and_shaw_batch_rows_in_chunks_give_the_loss_and_gradients_of_the_exp
             assert names == {"shaw_attention"}
 
 
-def _offset_selection(scheme, ctx, q, path):
+def _offset_selection(scheme, prep, q, path):
     """``(values, blocks, chunk)`` of the ``cpu_offsets`` backend for a self-attention call of queries ``q``."""
-    call = backends.AttentionCall(q, q, q, None, scheme, ctx, 0, None, path, 1.0, 0.0, False)
+    call = backends.AttentionCall(q, q, q, None, scheme, prep, 0, None, path, 1.0, 0.0, False)
     chosen = backends.offset_selection(call, backends.TUNING)
     assert chosen.backend == "cpu_offsets"
     return chosen.values, chosen.blocks, chosen.chunk
@@ -820,13 +820,13 @@ def test_t5s_causal_blocks_at_batch_32_l_2048_hold_full_rows_in_chunks(monkeypat
     from posenc_lib.attention.layer import choose_attention_path
 
     scheme = make_scheme("t5", 256, 8, 2, causal=True)
-    ctx = scheme.prepare(torch.arange(2048), torch.arange(2048))
+    prep = scheme.prepare(torch.arange(2048), torch.arange(2048))
     q = torch.empty(32, 8, 2048, 32)
     path = choose_attention_path(scheme, q_len=2048, k_len=2048, causal=True, padded=False)
     assert attention.BLOCK_ELEMENTS // (32 * 8 * 2048) == 32
     with torch.enable_grad():
-        values, blocks, chunk = _offset_selection(scheme, ctx, q, path)
+        values, blocks, chunk = _offset_selection(scheme, prep, q, path)
         assert chunk == 4 and {e - s for s, e in blocks} == {attention.FUSED_BLOCK_ROWS} == {128}
         monkeypatch.setattr(attention, "BATCH_CHUNK_ELEMENTS", None)
-        values, blocks, chunk = _offset_selection(scheme, ctx, q, path)
+        values, blocks, chunk = _offset_selection(scheme, prep, q, path)
         assert chunk == 32 and {e - s for s, e in blocks} == {32}

@@ -297,6 +297,6 @@ def test_training_starts_in_a_fresh_process(tmp_path):
 
 
 if __name__ == "__main__":
-    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-    print(f"posenc GPU checks: torch {torch.__version__}, {where}, device under test: {DEVICE}")
+    device_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    print(f"posenc GPU checks: torch {torch.__version__}, {device_name}, device under test: {DEVICE}")
     sys.exit(pytest.main([__file__, "-q", "-rA", "-p", "no:cacheprovider"]))

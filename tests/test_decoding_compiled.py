@@ -86,8 +86,8 @@ def test_the_compiled_step_is_one_graph_without_breaks(pe):
         done = torch.zeros(3, dtype=torch.bool)
         inp = torch.ones(3, 1, dtype=torch.long)
         for _ in range(3):
-            inp = decoding._step(model, inp, memory, None, cache, done, 0)[:, None]
-        explained = torch._dynamo.explain(decoding._step)(model, inp, memory, None, cache, done, 0)
+            inp = decoding.greedy_step(model, inp, memory, None, cache, done, 0)[:, None]
+        explained = torch._dynamo.explain(decoding.greedy_step)(model, inp, memory, None, cache, done, 0)
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
 
 
@@ -117,7 +117,7 @@ def test_a_failing_compiler_falls_back_to_the_uncompiled_step_with_a_warning(mon
         raise CppCompileError(["c++", "step.cpp"], "c++: command not found")
 
     model = _model("none")
-    monkeypatch.setitem(decoding._COMPILED_STEPS, model, broken)
+    monkeypatch.setitem(decoding.COMPILED_STEPS, model, broken)
     src, mask = _batch()
     kw = dict(max_new_tokens=8, bos_id=1, eos_id=2, src_key_padding_mask=mask)
     want = greedy_decode(model, src, **kw)
@@ -130,7 +130,7 @@ def test_an_error_of_the_model_is_not_hidden_by_the_fallback(monkeypatch):
         raise RuntimeError("shape mismatch in the model")
 
     model = _model("none")
-    monkeypatch.setitem(decoding._COMPILED_STEPS, model, wrong)
+    monkeypatch.setitem(decoding.COMPILED_STEPS, model, wrong)
     src, _ = _batch()
     with pytest.raises(RuntimeError, match="shape mismatch in the model"):
         greedy_decode(model, src, max_new_tokens=4, bos_id=1, eos_id=2, compile=True)

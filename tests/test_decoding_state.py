@@ -75,13 +75,13 @@ def test_packed_weights_give_the_plain_products_and_leave_the_model_as_it_was(ti
     with torch.no_grad():
         plain = [layer(few) for layer in linears if layer.in_features == 32], m.logits(few)
         with decoding.packed_weights(m, 8):
-            assert decoding._packable(m) and all("forward" in layer.__dict__ for layer in linears)
+            assert decoding.packable(m) and all("forward" in layer.__dict__ for layer in linears)
             packed = [layer(few) for layer in linears if layer.in_features == 32], m.logits(few)
             assert all(torch.equal(layer(many), torch.nn.functional.linear(many, layer.weight, layer.bias))
                        for layer in linears if layer.in_features == 32)
     for a, b in zip(plain[0] + [plain[1]], packed[0] + [packed[1]]):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
-    assert not any("forward" in layer.__dict__ for layer in linears) and m._packed_logits is None
+    assert not any("forward" in layer.__dict__ for layer in linears) and m.packed_logits is None
     assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
 
 
@@ -92,7 +92,7 @@ def test_packed_weights_change_nothing_where_they_do_not_apply(monkeypatch):
     for m in (_small("none").to(torch.bfloat16), _small("none")):
         with decoding.packed_weights(m, 8):
             assert not any("forward" in layer.__dict__ for layer in m.modules())
-            assert getattr(m, "_packed_logits", None) is None
+            assert getattr(m, "packed_logits", None) is None
         monkeypatch.setattr(decoding, "PACK_WEIGHTS", False)
 
 
@@ -107,11 +107,11 @@ def test_cached_decoding_gives_the_same_tokens_with_packed_weights_and_without(p
     src = torch.randint(4, V, (6, 9), generator=torch.Generator().manual_seed(7))
     run = lambda cache: greedy_decode(m, src, max_new_tokens=20, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
     calls = []
-    monkeypatch.setattr(decoding, "_packed_linear", lambda *a, real=decoding._packed_linear: calls.append(1) or real(*a))
-    monkeypatch.setattr(decoding, "_packed_qkv", lambda *a, real=decoding._packed_qkv: calls.append(3) or real(*a))
+    monkeypatch.setattr(decoding, "packed_linear", lambda *a, real=decoding.packed_linear: calls.append(1) or real(*a))
+    monkeypatch.setattr(decoding, "packed_qkv", lambda *a, real=decoding.packed_qkv: calls.append(3) or real(*a))
     packed, full = run(True), run(False)
     # 20 steps x 2 layers x 6 products of the step's rows, self-attention's q, k and v in one of them
-    assert decoding._packable(m) and calls.count(1) >= 20 * 2 * 5 and calls.count(3) >= 20 * 2
+    assert decoding.packable(m) and calls.count(1) >= 20 * 2 * 5 and calls.count(3) >= 20 * 2
     monkeypatch.setattr(decoding, "PACK_WEIGHTS", False)
     assert torch.equal(packed, full) and torch.equal(run(True), full)
 
@@ -140,18 +140,18 @@ def test_packed_copies_are_kept_between_loops_and_made_again_when_a_weight_chang
     src = torch.randint(4, V, (4, 6), generator=torch.Generator().manual_seed(9))
     run = lambda cache=True, s=src: greedy_decode(m, s, max_new_tokens=12, bos_id=1, eos_id=None, use_cache=cache)  # noqa: E731
     run()
-    first = decoding._PACKED[m]
+    first = decoding.PACKED[m]
     run()
-    assert decoding._PACKED[m] is first  # reused
+    assert decoding.PACKED[m] is first  # reused
     with torch.no_grad():
         m.decoder[1].ff[0].weight.mul_(3.0)  # in place, as an optimiser steps
     after = run()
-    assert decoding._PACKED[m] is not first and torch.equal(after, run(False))
-    kept = decoding._PACKED[m]
+    assert decoding.PACKED[m] is not first and torch.equal(after, run(False))
+    kept = decoding.PACKED[m]
     run(True, src[:3])  # another number of rows: laid out for 3
-    assert decoding._PACKED[m] is not kept and decoding._PACKED[m].rows == 3
+    assert decoding.PACKED[m] is not kept and decoding.PACKED[m].rows == 3
     decoding.release_packed_weights(m)
-    assert m not in decoding._PACKED
+    assert m not in decoding.PACKED
 
 
 def test_self_attention_projects_q_k_v_in_one_product_inside_a_decoding_loop(monkeypatch):
@@ -213,7 +213,7 @@ def test_only_weights_of_at_least_pack_min_elements_are_packed():
     with decoding.packed_weights(m, 8):
         patched = {tuple(layer.weight.shape) for layer in m.decoder.modules()
                    if isinstance(layer, torch.nn.Linear) and "forward" in layer.__dict__}
-        assert patched == {(1024, 256), (256, 1024)} and m._packed_logits is not None
+        assert patched == {(1024, 256), (256, 1024)} and m.packed_logits is not None
         assert all(block.self_attn.step_qkv is not None and block.cross_attn.step_qkv is None for block in m.decoder)
 
 
@@ -245,7 +245,7 @@ def test_a_one_query_step_reads_its_row_of_the_stack_context_from_a_kept_table(p
     """T5's bias and DeBERTa's bucket index of a decoding step come from tables of every distance kept in the cache's
     state (made longer when a step needs it): equal to the row :meth:`prepare` builds, at every step past a regrowth."""
     m = _small(pe)
-    scheme, state = m.dec_pos, {}
+    scheme, state = m.dec_scheme, {}
     key = "bias" if pe == "t5" else "index"
     for t in (0, 1, 5, 31, 32, 40, 100):
         q_pos, k_pos = torch.tensor([t]), torch.arange(t + 1)
@@ -264,12 +264,12 @@ def test_decoder_layer_step_is_its_forward_pass():
     with torch.no_grad():
         memory = m.encode(src)
         q_pos, k_pos = torch.tensor([0]), torch.tensor([0])
-        x = m._embed(m.tgt_embed, tok, m.dec_pos, q_pos)
+        x = m.embed_tokens(m.tgt_embed, tok, m.dec_scheme, q_pos)
         outs = []
         for run in ("step", "forward"):
             cache = m.new_cache()
-            ctx = m.dec_pos.prepare_step(q_pos, k_pos, cache.scheme_state)
+            prep = m.dec_scheme.prepare_step(q_pos, k_pos, cache.scheme_state)
             layer = m.decoder[0]
-            outs.append(layer.step(x, memory, None, m.dec_pos, ctx, 0, cache.layers[0]) if run == "step"
-                        else layer(x, memory, None, None, m.dec_pos, ctx, 0, cache.layers[0]))
+            outs.append(layer.step(x, memory, None, m.dec_scheme, prep, 0, cache.layers[0]) if run == "step"
+                        else layer(x, memory, None, None, m.dec_scheme, prep, 0, cache.layers[0]))
     assert torch.equal(outs[0], outs[1])

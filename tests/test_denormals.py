@@ -18,18 +18,18 @@ needs_mode = pytest.mark.skipif(not torch.set_flush_denormal(False), reason="thi
 
 @needs_mode
 def test_flush_denormals_is_on_inside_and_restored_after():
-    assert not cpu_flash._flushing()
+    assert not cpu_flash.flushing()
     tiny = torch.tensor([2.0**-120])
     assert (tiny * 2.0**-10).item() > 0  # a denormal result survives
     with cpu_flash.flush_denormals():
-        assert cpu_flash._flushing()
+        assert cpu_flash.flushing()
         assert (tiny * 2.0**-10).item() == 0.0
-    assert not cpu_flash._flushing()
+    assert not cpu_flash.flushing()
     torch.set_flush_denormal(True)  # a caller who had it on keeps it on
     try:
         with cpu_flash.flush_denormals():
             pass
-        assert cpu_flash._flushing()
+        assert cpu_flash.flushing()
     finally:
         torch.set_flush_denormal(False)
 
@@ -39,7 +39,7 @@ def test_an_exception_inside_restores_the_mode():
     with pytest.raises(RuntimeError):
         with cpu_flash.flush_denormals():
             raise RuntimeError("boom")
-    assert not cpu_flash._flushing()
+    assert not cpu_flash.flushing()
 
 
 @needs_mode
@@ -53,7 +53,7 @@ def test_the_fused_kernel_flushes_in_its_forward_pass():
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert (plain > 0).all()
     assert (cpu_flash.flash_attention(q, k, v, mask, 0.5) == 0).all()
-    assert not cpu_flash._flushing()
+    assert not cpu_flash.flushing()
 
 
 def _step(pe: str, *, seq: int, batch: int, padded: bool):
@@ -174,7 +174,7 @@ def two_threads():
 
 
 @needs_mode
-@pytest.mark.skipif((os.cpu_count() or 1) < 2 or cpu_flash._gomp_parallel() is None,
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or cpu_flash.gomp_parallel() is None,
                     reason="needs torch's OpenMP workers (2 cores or more)")
 def test_the_mode_reaches_torchs_worker_threads(two_threads):
     """An elementwise product of 2**22 denormals is split over torch's threads: inside the block every part

@@ -241,14 +241,14 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         return read_lines(d / "train.fr.xz")
 
     def hub_down():
-        monkeypatch.setattr(data, "_load_hub", lambda n: (_ for _ in ()).throw(OSError("offline")))
+        monkeypatch.setattr(data, "load_hub", lambda n: (_ for _ in ()).throw(OSError("offline")))
         return load_wmt14(source="hub")
 
     def other_settings():
         prof = train.get_profile("smoke")
         (tmp_path / "run").mkdir()
         (tmp_path / "run" / "config.json").write_text(json.dumps({"profile": {**asdict(prof), "d_model": 8}}))
-        return wmt14._check_config(tmp_path / "run", {"profile": asdict(prof)})
+        return wmt14.check_config(tmp_path / "run", {"profile": asdict(prof)})
 
     def other_configuration():
         (tmp_path / "ex").mkdir()
@@ -290,7 +290,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         (tmp_path / "ev" / "none-seed0").mkdir(parents=True)
         (tmp_path / "ev" / "none-seed0" / "result.json").write_text("{}")
         (tmp_path / "ev" / "config.json").write_text(json.dumps({"profile": {**asdict(prof), "eval_limit": 20}}))
-        return wmt14._check_config(tmp_path / "ev", {"profile": asdict(prof)})
+        return wmt14.check_config(tmp_path / "ev", {"profile": asdict(prof)})
 
     def other_benchmark_model():
         import benchmarks.run as br
@@ -299,7 +299,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         (tmp_path / "bench").mkdir()
         (tmp_path / "bench" / "train.json").write_text(json.dumps({"schema": br.SCHEMA,
                                                                    "config": BenchConfig.quick().as_dict()}))
-        raise ValueError(br._other_model(tmp_path / "bench", ["train"], BenchConfig()))
+        raise ValueError(br.other_model(tmp_path / "bench", ["train"], BenchConfig()))
 
     def would_replace():
         from posenc_lib.files import refuse_overwrite
@@ -330,7 +330,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
         import posenc_lib.experiments.wmt14.pipeline as pipeline
         from posenc_lib.experiments.wmt14 import main
 
-        monkeypatch.setattr(pipeline, "_job", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+        monkeypatch.setattr(pipeline, "run_model", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = main(["--profile", "smoke", "--pe", "none", "--data-dir", str(wd), "--set", "vocab_size=100",
@@ -345,7 +345,7 @@ def test_readme_troubleshooting_rows_are_the_real_messages(tmp_path, monkeypatch
 
     def damaged_metrics():
         (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 2}\n{"step": 4,,\n{"step": 6}\n')
-        return train._read_metrics(tmp_path / "metrics.jsonl", 6)
+        return train.read_metrics(tmp_path / "metrics.jsonl", 6)
 
     def bad_vocab():
         from posenc_lib.experiments.wmt14.tokenizer import load_mbert

@@ -124,7 +124,7 @@ def test_bias_tables_learn_faster():
     assert [g["lr_scale"] for g in groups] == [1.0, cfg.bias_lr_scale]
     model = ex.make_model("t5", cfg)
     fast = {id(p) for p in ex.param_groups(model, cfg)[1]["params"]}
-    assert fast == {id(p) for p in list(model.enc_pos.parameters()) + list(model.dec_pos.parameters())}
+    assert fast == {id(p) for p in list(model.enc_scheme.parameters()) + list(model.dec_scheme.parameters())}
     assert [g["lr_scale"] for g in ex.param_groups(ex.make_model("rope", cfg), cfg)] == [1.0]
     assert ex.lr_at(cfg.warmup, cfg) == pytest.approx(cfg.lr) and ex.lr_at(cfg.steps, cfg) == pytest.approx(0.1 * cfg.lr)
 
@@ -132,29 +132,29 @@ def test_bias_tables_learn_faster():
 def test_randomized_positions():
     cfg = replace(TINY, random_positions_max=40)
     model = ex.make_model("learned-rand", cfg)
-    assert model.enc_pos.table.max_len == 40 and ex.randomized_schemes(model) == [model.enc_pos, model.dec_pos]
+    assert model.enc_scheme.table.max_len == 40 and ex.randomized_schemes(model) == [model.enc_scheme, model.dec_scheme]
     assert ex.randomized_schemes(ex.make_model("learned", cfg)) == []
     g = torch.Generator().manual_seed(0)
     seen = []
     for _ in range(20):
         ex.sample_positions(model, cfg, 7, g)
-        pos = model.enc_pos.position_map
+        pos = model.enc_scheme.position_map
         assert pos.shape == (7,) and (pos.diff() > 0).all() and 0 <= pos.min() and pos.max() < 40
-        assert model.dec_pos.position_map is pos
+        assert model.dec_scheme.position_map is pos
         seen.append(pos.max().item())
         # the scheme reads the sampled positions: its code for 0..6 is the table's rows at pos
-        assert torch.equal(model.enc_pos.embed(torch.arange(7)), model.enc_pos.table.weight[pos])
+        assert torch.equal(model.enc_scheme.embed(torch.arange(7)), model.enc_scheme.table.weight[pos])
     assert max(seen) > 20  # positions far beyond the training length get trained
     rope = ex.make_model("rope-rand", cfg)
     ex.sample_positions(rope, cfg, 5, g)
-    ctx = rope.enc_pos.prepare(torch.arange(5), torch.arange(5))
-    assert torch.equal(ctx["q_pos"], rope.enc_pos.position_map)
+    prep = rope.enc_scheme.prepare(torch.arange(5), torch.arange(5))
+    assert torch.equal(prep["q_pos"], rope.enc_scheme.position_map)
     # after training the map is cleared; evaluation samples its own, and a learned-rand
     # model represents test lengths beyond the training range
     trained, _, _ = ex.train("learned-rand", replace(cfg, steps=3), seed=0, progress=False)
-    assert trained.enc_pos.position_map is None
+    assert trained.enc_scheme.position_map is None
     rows = {r["length"]: r for r in ex.evaluate(trained, cfg)}
-    assert rows[12]["representable"] and trained.enc_pos.position_map is None
+    assert rows[12]["representable"] and trained.enc_scheme.position_map is None
     with pytest.raises(ValueError, match="random_positions_max"):
         ex.ExtrapolationConfig(test_lengths=(4, 200), random_positions_max=100)
 
@@ -206,7 +206,7 @@ def test_tiny_training_run_loss_falls():
 
 def test_learned_table_beyond_training_length_is_recorded_not_hidden():
     model = ex.make_model("learned", TINY)
-    assert model.enc_pos.table.max_len == TINY.train_max_len + 1
+    assert model.enc_scheme.table.max_len == TINY.train_max_len + 1
     rows = {r["length"]: r for r in ex.evaluate(model, TINY)}
     assert rows[6]["representable"] and rows[6]["in_training_range"]
     assert not rows[12]["representable"] and not rows[12]["in_training_range"]
@@ -314,7 +314,7 @@ def test_alibi_split_variant_is_a_run_of_its_own():
     assert ex.run_name("alibi-split") == "alibi-split" and ex.run_name("sinpe") == "sinusoidal"
     cfg = ex.PROFILES["smoke"]
     model = ex.make_model("alibi-split", cfg)
-    assert model.enc_pos.bidirectional == "split" and model.pe == "alibi"
+    assert model.enc_scheme.bidirectional == "split" and model.pe == "alibi"
     assert ex.RUN_ORDER[len(PE_TYPES)] == "alibi-split" and ex.result_path("o", "alibi-split", 1).name == "alibi-split_seed1.json"
 
 
@@ -538,10 +538,11 @@ def test_t5_wide_keeps_the_papers_table_and_is_not_in_all():
     for arch in ex.ARCHS:
         c = replace(cfg, arch=arch)
         wide, scaled = ex.make_model("t5-wide", c), ex.make_model("t5", c)
-        pos = (lambda m: m.pos) if arch == "decoder" else (lambda m: m.enc_pos)
-        assert (pos(wide).num_buckets, pos(wide).max_distance) == (32, 128)
-        assert (pos(scaled).num_buckets, pos(scaled).max_distance) == (c.table_options("t5")["num_buckets"],
-                                                                       c.table_options("t5")["max_distance"])
+        scheme_of = (lambda m: m.scheme) if arch == "decoder" else (lambda m: m.enc_scheme)
+        assert (scheme_of(wide).num_buckets, scheme_of(wide).max_distance) == (32, 128)
+        table = c.table_options("t5")
+        assert (scheme_of(scaled).num_buckets, scheme_of(scaled).max_distance) == (table["num_buckets"],
+                                                                                   table["max_distance"])
         assert ex.run_table_options("t5-wide", c) == {} and "t5-wide" not in ex.all_runs(arch)
 
 

@@ -22,20 +22,20 @@ def test_a_subclass_takes_the_form_its_base_class_registered():
     scheme, attn = Renamed(32, 4, 1, max_relative_position=4), MultiHeadAttention(32, 4).eval()
     pos, x = torch.arange(12), torch.randn(2, 12, 32)
     q = k = v = attn.split(x)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     with torch.no_grad():
-        got = flex.flex_attend(scheme, q, k, v, ctx, 0, attn, 0.3, None)
-        ref = torch.softmax((q @ k.transpose(-1, -2) + scheme.scores(q, k, ctx, 0, attn)) * 0.3, -1)
-        ref = ref @ v + scheme.values(ref, ctx, 0)
+        got = flex.flex_attend(scheme, q, k, v, prep, 0, attn, 0.3, None)
+        ref = torch.softmax((q @ k.transpose(-1, -2) + scheme.scores(q, k, prep, 0, attn)) * 0.3, -1)
+        ref = ref @ v + scheme.values(ref, prep, 0)
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
 
 def test_a_scheme_without_a_form_is_named():
     class ValuesOnly(PositionScheme):
-        def scores(self, q, k, ctx, layer, attn):
+        def scores(self, q, k, prep, layer, attn):
             return torch.zeros(q.shape[:3] + k.shape[2:3])
 
-        def values(self, probs, ctx, layer):
+        def values(self, probs, prep, layer):
             return None
 
     scheme, q = ValuesOnly(32, 4, 1), torch.zeros(1, 4, 3, 8)

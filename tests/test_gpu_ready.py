@@ -54,11 +54,11 @@ def test_a_custom_scheme_declares_what_it_adds_through_its_hooks():
     from posenc_lib.attention.layer import PositionScheme
 
     class Bias(PositionScheme):
-        def bias(self, ctx, layer):
+        def bias(self, prep, layer):
             return torch.zeros(1)
 
     class Scores(PositionScheme):
-        def scores(self, q, k, ctx, layer, attn):
+        def scores(self, q, k, prep, layer, attn):
             return None
 
     assert Bias.adds_bias and not Bias.adds_scores and Bias(8, 2, 1).fused
@@ -233,10 +233,10 @@ def test_t5_bias_is_float32_whatever_the_parameter_dtype():
 def test_sinusoidal_frequencies_stay_float32_in_a_bf16_model():
     m = small("sinusoidal")
     pos = torch.arange(600)
-    ref = m.dec_pos.embed(pos)
+    ref = m.dec_scheme.embed(pos)
     m.to(torch.bfloat16)
-    assert m.dec_pos.encoding.freqs.dtype == torch.float32
-    torch.testing.assert_close(m.dec_pos.embed(pos), ref, rtol=0, atol=0)
+    assert m.dec_scheme.encoding.freqs.dtype == torch.float32
+    torch.testing.assert_close(m.dec_scheme.embed(pos), ref, rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- bf16 training
@@ -265,14 +265,14 @@ def test_bf16_autocast_training_step_on_cpu(pe):
 
 
 # ----------------------------------------------------------------------------- bad token ids
-@pytest.mark.parametrize("where", ["src", "tgt"])
+@pytest.mark.parametrize("side", ["src", "tgt"])
 @pytest.mark.parametrize("bad", [25, 20, -1])
-def test_out_of_vocabulary_ids_name_the_id_the_input_and_the_vocabulary(where, bad):
+def test_out_of_vocabulary_ids_name_the_id_the_input_and_the_vocabulary(side, bad):
     m = build_model("none", 20, d_model=16, n_heads=2, num_layers=1)
     ok = torch.tensor([[1, 5, 7]])
     wrong = torch.tensor([[1, bad, 7]])
-    src, tgt = (wrong, ok) if where == "src" else (ok, wrong)
-    with pytest.raises(ValueError, match=rf"{where} holds token id {bad} .*position 1.*vocab_size=20, valid ids 0\.\.19"):
+    src, tgt = (wrong, ok) if side == "src" else (ok, wrong)
+    with pytest.raises(ValueError, match=rf"{side} holds token id {bad} .*position 1.*vocab_size=20, valid ids 0\.\.19"):
         m(src, tgt)
 
 

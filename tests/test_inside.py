@@ -135,10 +135,10 @@ def test_masked_lm_scores_only_the_masked_characters():
     torch.manual_seed(3)
     loss = model.loss(windows)
     torch.manual_seed(3)
-    where = torch.rand(4, 8).argsort(dim=1)[:, :2]
-    logits = model(windows[:, :-1].scatter(1, where, 11))
-    ref = torch.nn.functional.cross_entropy(logits.gather(1, where[..., None].expand(-1, -1, 12)).reshape(-1, 12),
-                                            windows[:, :-1].gather(1, where).reshape(-1))  # fmt: skip
+    masked = torch.rand(4, 8).argsort(dim=1)[:, :2]
+    logits = model(windows[:, :-1].scatter(1, masked, 11))
+    ref = torch.nn.functional.cross_entropy(logits.gather(1, masked[..., None].expand(-1, -1, 12)).reshape(-1, 12),
+                                            windows[:, :-1].gather(1, masked).reshape(-1))  # fmt: skip
     torch.testing.assert_close(loss, ref)
 
 

@@ -222,3 +222,77 @@ def test_no_old_module_paths_in_the_tree():
             for m in pattern.finditer(line):
                 bad.append(f"{path.relative_to(ROOT)}:{i}: {m.group(0)}")
     assert not bad, bad[:20]
+
+
+#: the folders of Python code whose imports of each other's names are checked
+CODE_FOLDERS = ("posenc_lib", "benchmarks", "scripts", "tests")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _absolute(module: str | None, level: int, path: Path, root: Path) -> str:
+    """The absolute module name of ``from <level dots><module> import ...`` written in ``path``."""
+    if not level:
+        return module or ""
+    package = module_name(path, root).split(".")
+    package = package if path.name == "__init__.py" else package[:-1]
+    base = package[: len(package) - level + 1]
+    return ".".join(base + ([module] if module else []))
+
+
+def private_uses(path: Path, root: Path = ROOT, packages: tuple[str, ...] = CODE_FOLDERS) -> list[str]:
+    """``file:line: what`` for each private name ``path`` takes from another module of ``packages``: ``from M import
+    _x``, ``m._x`` (or ``setattr(m, "_x", ...)``, as monkeypatch does) where ``m`` was imported from one of them."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = module_name(path, root)
+    ours = lambda name: name.split(".")[0] in packages  # noqa: E731
+    bound, found = set(), []
+    report = lambda node, what: found.append(f"{path.relative_to(root)}:{node.lineno}: {what}")  # noqa: E731
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(node.module, node.level, path, root)
+            if not ours(source) or source == own:
+                continue
+            for a in node.names:
+                if _private(a.name):
+                    report(node, f"from {source} import {a.name}")
+                else:
+                    bound.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names if ours(a.name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            value = node.value
+            while isinstance(value, ast.Attribute) and not _private(value.attr):  # posenc_lib.schemes.deberta._x
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                report(node, f"{ast.unparse(node.value)}.{node.attr}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "setattr", "delattr", "setitem") and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
+              and node.args[0].id in bound and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and _private(node.args[1].value)):
+            report(node, f"{node.func.attr}({node.args[0].id}, {node.args[1].value!r})")
+    return sorted(found, key=lambda use: int(use.split(":")[1]))
+
+
+def test_no_private_name_is_taken_from_another_module():
+    """Tests, benchmarks, scripts and the library use each other's public names only: what a test needs of a
+    module is public (and documented), a private helper stays inside its module."""
+    found = [use for folder in CODE_FOLDERS for path in sorted((ROOT / folder).rglob("*.py"))
+             for use in private_uses(path)]
+    assert not found, "private names used outside their module:\n" + "\n".join(found)
+
+
+def test_private_uses_are_found(tmp_path):
+    pkg = _package(tmp_path, {"posenc_lib/__init__.py": "", "posenc_lib/a.py": "def _x(): pass\n_y = 1\n"})
+    test = pkg / "tests" / "test_a.py"
+    test.parent.mkdir()
+    test.write_text("from posenc_lib.a import _x\nfrom posenc_lib import a\nimport torch\n\n"
+                    "def test(monkeypatch):\n    a._y, torch._C, a.__doc__\n    monkeypatch.setattr(a, '_y', 2)\n")
+    lib = pkg / "posenc_lib" / "b.py"
+    lib.write_text("from .a import _x\nfrom . import a as other\nother._y\n")
+    assert private_uses(test, pkg) == ["tests/test_a.py:1: from posenc_lib.a import _x", "tests/test_a.py:6: a._y",
+                                       "tests/test_a.py:7: setattr(a, '_y')"]
+    assert private_uses(lib, pkg) == ["posenc_lib/b.py:1: from posenc_lib.a import _x", "posenc_lib/b.py:3: other._y"]

@@ -241,7 +241,7 @@ def test_section8_against_the_papers(runs, budget_runs):
             d = ex.paired_difference(runs[task, arch], "rope", "sinusoidal", 20, "tf_token_accuracy")
             assert (d["mean"] - d["ci95"] > 0) == (task == "reverse"), (task, arch)
     dec_cfg = replace(BUDGET, arch="decoder")
-    tables = {run: (m.pos.num_buckets, m.pos.max_distance)
+    tables = {run: (m.scheme.num_buckets, m.scheme.max_distance)
               for run in ("t5", "t5-wide") for m in [ex.make_model(run, dec_cfg)]}
     assert tables == {"t5": (34, 34), "t5-wide": (32, 128)}
 

@@ -89,8 +89,8 @@ def test_shaw_layer_is_translation_invariant_and_uses_relative_positions():
     scheme = ShawRelative(16, 2, num_layers=1, max_relative_position=3)
     x = torch.randn(2, 7, 16)
     pos = torch.arange(7)
-    out = attn(x, pos=scheme, ctx=scheme.prepare(pos, pos), layer=0)
-    shifted = attn(x, pos=scheme, ctx=scheme.prepare(pos + 1000, pos + 1000), layer=0)
+    out = attn(x, scheme=scheme, prep=scheme.prepare(pos, pos), layer=0)
+    shifted = attn(x, scheme=scheme, prep=scheme.prepare(pos + 1000, pos + 1000), layer=0)
     assert torch.equal(out, shifted)
     plain = attn(x)
     assert not torch.allclose(out, plain, atol=1e-4)  # the position terms do change the output
@@ -119,7 +119,7 @@ def test_shaw_clipping_leaks_the_distance_to_the_ends():
     same = torch.randn(1, 1, 32).expand(1, 16, 32)
     pos = torch.arange(16)
     with torch.no_grad():
-        out = attn(same, pos=scheme, ctx=scheme.prepare(pos, pos), layer=0)[0]
+        out = attn(same, scheme=scheme, prep=scheme.prepare(pos, pos), layer=0)[0]
     inner = out[3:13]                                                 # queries with keys in both end rows
     steps = inner[1:] - inner[:-1]
     assert steps.norm(dim=-1).min() > 1e-3                            # every position differs from its neighbour

@@ -94,7 +94,7 @@ def test_t5_attention_layer_parity(is_decoder):
     x = torch.randn(2, 9, 32)
     mask = torch.full((9, 9), float("-inf")).triu(1) if is_decoder else None
     out_ref = ref(x, mask=mask)[0]
-    assert torch.allclose(mha(x, causal=is_decoder, pos=ours, ctx=ours.prepare(pos, pos)), out_ref, atol=1e-5)
+    assert torch.allclose(mha(x, causal=is_decoder, scheme=ours, prep=ours.prepare(pos, pos)), out_ref, atol=1e-5)
 
 
 def test_t5_bias_as_float_attn_mask_equals_explicit_softmax():

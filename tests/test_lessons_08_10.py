@@ -47,14 +47,14 @@ def test_disentangled_scores_match_explicit_loops():
 def test_disentangled_scores_of_a_long_block_match_the_loops_with_gradients(q_start, lq, lk):
     """Far from the diagonal every key falls in a clipped bucket: there the terms are built as a broadcast
     sum, a gather only in the band between; values and gradients match the explicit loops."""
-    from posenc_lib.schemes.deberta import _clipped_ends
+    from posenc_lib.schemes.deberta import clipped_ends
 
     torch.manual_seed(1)
     span, d = 4, 3
     q, k = torch.randn(2, 2, lq, d, requires_grad=True), torch.randn(2, 2, lk, d, requires_grad=True)
     pos_q, pos_k = torch.randn(2, 2 * span, d, requires_grad=True), torch.randn(2, 2 * span, d, requires_grad=True)
     index = deberta_index(torch.arange(q_start, q_start + lq), torch.arange(lk), span, 2 * span, 12)
-    left, right = _clipped_ends(index)
+    left, right = clipped_ends(index)
     assert left > 0 or right < lk  # the broadcast pieces are used
     ref = torch.einsum("bhid,hijd->bhij", q, pos_k[:, index]) + torch.einsum("bhjd,hijd->bhij", k, pos_q[:, index])
     got = disentangled_scores(q, k, pos_q, pos_k, index)
@@ -121,7 +121,7 @@ def test_xlnet_scores_are_translation_invariant():
     outs = []
     for start in (0, 37):
         pos = torch.arange(start, start + 6)
-        outs.append(attn(x, pos=scheme, ctx=scheme.prepare(pos, pos), need_weights=True)[1])
+        outs.append(attn(x, scheme=scheme, prep=scheme.prepare(pos, pos), need_weights=True)[1])
     torch.testing.assert_close(outs[0], outs[1])
 
 
@@ -139,9 +139,9 @@ def test_bidirectional_alibi_encoder_cannot_tell_left_from_right():
     attn = MultiHeadAttention(16, 4)
     x = torch.randn(1, 7, 16)
     pos = torch.arange(7)
-    ctx = scheme.prepare(pos, pos)
-    out = attn(x, pos=scheme, ctx=ctx)
-    out_rev = attn(x.flip(1), pos=scheme, ctx=ctx)
+    prep = scheme.prepare(pos, pos)
+    out = attn(x, scheme=scheme, prep=prep)
+    out_rev = attn(x.flip(1), scheme=scheme, prep=prep)
     torch.testing.assert_close(out_rev, out.flip(1))
 
 
@@ -164,9 +164,9 @@ def _segment_outputs(layers, scheme, x, seg_len):
         for n, attn in enumerate(layers):
             mem, mems[n] = mems[n], h.detach()
             m = 0 if mem is None else mem.shape[1]
-            ctx = scheme.prepare(torch.arange(s * seg_len, (s + 1) * seg_len), torch.arange(s * seg_len - m, (s + 1) * seg_len))
+            prep = scheme.prepare(torch.arange(s * seg_len, (s + 1) * seg_len), torch.arange(s * seg_len - m, (s + 1) * seg_len))
             cache = None if mem is None else {"k": attn.split(attn.k_proj(mem)), "v": attn.split(attn.v_proj(mem))}
-            h = h + attn(h, causal=True, pos=scheme, ctx=ctx, layer=n, cache=cache)
+            h = h + attn(h, causal=True, scheme=scheme, prep=prep, layer=n, cache=cache)
             outs[n].append(h)
     return [torch.cat(o, dim=1) for o in outs]
 
@@ -218,14 +218,14 @@ def test_xlnet_two_stream_attention_matches_transformers_with_library_scores():
     targets = z[1:]
     ids = torch.randint(0, 11, (1, L))
     pos = torch.arange(L)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     with torch.no_grad():
         h0, g0 = xl.word_embedding(ids), xl.mask_emb.expand(1, L, d_model)
         kh, vh = attn.split(attn.k_proj(h0)), attn.split(attn.v_proj(h0))
 
         def stream(x, allowed):
             qx = attn.split(attn.q_proj(x))
-            s = (qx @ kh.transpose(-1, -2) + scheme.scores(qx, kh, ctx, 0, attn)) * (d_model // heads) ** -0.5
+            s = (qx @ kh.transpose(-1, -2) + scheme.scores(qx, kh, prep, 0, attn)) * (d_model // heads) ** -0.5
             vec = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ vh
             return layer.ff(layer.rel_attn.post_attention(x.transpose(0, 1), vec.permute(2, 0, 1, 3))).transpose(0, 1)
 
@@ -241,10 +241,10 @@ def test_deberta_position_terms_of_zero_content_are_a_prior_only_through_project
     torch.manual_seed(0)
     scheme = make_scheme("deberta", 32, 4, num_layers=1, position_buckets=4, max_relative_positions=16)
     attn = MultiHeadAttention(32, 4, bias=bias)
-    ctx = scheme.prepare(torch.arange(10), torch.arange(10))
+    prep = scheme.prepare(torch.arange(10), torch.arange(10))
     zero = torch.zeros(1, 10, 32)
     with torch.no_grad():
-        terms = scheme.scores(attn.split(attn.q_proj(zero)), attn.split(attn.k_proj(zero)), ctx, 0, attn)
+        terms = scheme.scores(attn.split(attn.q_proj(zero)), attn.split(attn.k_proj(zero)), prep, 0, attn)
     if bias:
         assert torch.allclose(terms[..., 1:, 1:], terms[..., :-1, :-1], atol=1e-6) and terms.abs().max() > 1e-3
     else:
@@ -257,13 +257,13 @@ def test_relative_layer_gives_identical_tokens_identical_outputs_until_one_token
     scheme = make_scheme("deberta", 32, 4, num_layers=1, position_buckets=4, max_relative_positions=16)
     attn = MultiHeadAttention(32, 4)
     pos = torch.arange(12)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     same = torch.randn(1, 1, 32).expand(1, 12, 32).clone()
     with torch.no_grad():
-        out = attn(same, pos=scheme, ctx=ctx)
+        out = attn(same, scheme=scheme, prep=prep)
         assert torch.allclose(out, out[:, :1].expand_as(out), atol=1e-5)
         same[0, 0] = torch.randn(32)
-        out = attn(same, pos=scheme, ctx=ctx)[0, 1:]
+        out = attn(same, scheme=scheme, prep=prep)[0, 1:]
     assert torch.cdist(out, out).add(torch.eye(11)).min() > 1e-4
 
 

@@ -324,10 +324,10 @@ def _run_hf_layers(family, cfg, rotary, ref_layers, position_embeddings, t=20):
     used_rope = []
     for i, ref in enumerate(ref_layers):
         ours = _copy_attention(MultiHeadAttention(cfg.hidden_size, cfg.num_attention_heads, bias=False), ref)
-        scheme, index = model.layer_pos[i]
+        scheme, index = model.scheme_per_layer[i]
         with torch.no_grad():
             expected, _ = ref(x, position_embeddings, _causal_mask(t))
-            got = ours(x, causal=True, pos=scheme, ctx=scheme.prepare(pos, pos), layer=index)
+            got = ours(x, causal=True, scheme=scheme, prep=scheme.prepare(pos, pos), layer=index)
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5, msg=f"{family} layer {i}")
         used_rope.append(scheme.name)
     return specs, used_rope
@@ -394,10 +394,10 @@ def test_gemma3_local_and_global_bases_match_transformers():
     assert len(model.layer_schemes) == 2
     for i, layer_type in enumerate(cfg.layer_types):
         cos, sin = rot(torch.zeros(1), pos[None], layer_type)
-        scheme, _ = model.layer_pos[i]
-        ctx = scheme.prepare(pos, pos)
-        torch.testing.assert_close(ctx["cos"], cos[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ctx["sin"], sin[0], atol=1e-5, rtol=1e-5)
+        scheme, _ = model.scheme_per_layer[i]
+        prep = scheme.prepare(pos, pos)
+        torch.testing.assert_close(prep["cos"], cos[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(prep["sin"], sin[0], atol=1e-5, rtol=1e-5)
 
 
 def test_layers_from_config_refuses_other_models():
@@ -411,13 +411,13 @@ def test_one_scheme_model_is_unchanged_and_per_layer_lists_equal_it():
     torch.manual_seed(0)
     listed = CausalLM(30, [("rope", {"interleaved": False})] * 4, d_model=32, n_heads=2, num_layers=4,
                       dim_feedforward=64)  # fmt: skip
-    assert one.pos is not None and listed.pos is None and len(listed.layer_schemes) == 1
+    assert one.scheme is not None and listed.scheme is None and len(listed.layer_schemes) == 1
     assert list(one.state_dict()) == list(listed.state_dict())
     x = torch.randint(0, 30, (2, 25))
     assert torch.equal(one(x), listed(x))
     one.set_scheme(["rope", "rope", "rope", "none"])
-    assert [s.name for s, _ in one.layer_pos] == ["rope", "rope", "rope", "none"]
-    assert [i for _, i in one.layer_pos] == [0, 1, 2, 0]
+    assert [s.name for s, _ in one.scheme_per_layer] == ["rope", "rope", "rope", "none"]
+    assert [i for _, i in one.scheme_per_layer] == [0, 1, 2, 0]
     one.set_scheme("rope", interleaved=False)
     assert torch.equal(one(x), listed(x))
 
@@ -612,12 +612,12 @@ def test_sweep_models_rotate_what_their_names_say():
     assert [specs[f"neox-{f:g}"][1]["rotary_dim"] for f in (0.1, 0.25, 0.5)] == [2, 8, 16]
     for f in (0.1, 0.25, 0.5):  # the same number of rotating pairs for both kinds
         model = rv.make_model(f"prope-{f:g}", cfg, 20)
-        inv, _ = scaled_rope_frequencies(32, 10000.0, model.pos.cache.scaling)
+        inv, _ = scaled_rope_frequencies(32, 10000.0, model.scheme.cache.scaling)
         assert int((inv > 0).sum()) == rotary_pairs(f, 32) == specs[f"neox-{f:g}"][1]["rotary_dim"] // 2
-        assert rv.make_model(f"neox-{f:g}", cfg, 20).pos.rotary_dim == 2 * rotary_pairs(f, 32)
+        assert rv.make_model(f"neox-{f:g}", cfg, 20).scheme.rotary_dim == 2 * rotary_pairs(f, 32)
     assert [rv.model_name(k, f) for k in rv.KINDS for f in (0.0, 1.0)] == ["nope", "rope"] * 2
     layered = rv.make_model("rope3-nope1", cfg, 20)
-    assert [s.name for s, _ in layered.layer_pos] == ["rope", "rope", "rope", "none"]
+    assert [s.name for s, _ in layered.scheme_per_layer] == ["rope", "rope", "rope", "none"]
     with pytest.raises(ValueError, match="fraction 0.3 is not in the sweep"):
         rv.model_name("neox", 0.3)
 

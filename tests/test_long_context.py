@@ -114,8 +114,8 @@ def test_rotary_scheme_rotates_like_llama_rotary_embedding(rope_type):
     cos, sin = rot(q, pos[None])
     eq, ek = apply_rotary_pos_emb(q, k, cos, sin)
     scheme = make_scheme("rope", 32, 2, 1, causal=True, interleaved=False, scaling=sc)
-    ctx = scheme.prepare(pos, torch.arange(240))
-    oq, ok = scheme.rotate(q, k, ctx, 0)
+    prep = scheme.prepare(pos, torch.arange(240))
+    oq, ok = scheme.rotate(q, k, prep, 0)
     torch.testing.assert_close(oq, eq, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5)
 
@@ -273,8 +273,8 @@ def test_cache_tables_hold_the_scaled_frequencies_and_yarn_scale():
 def test_partial_rotary_leaves_the_tail_of_each_head_untouched():
     scheme = make_scheme("rope", 32, 2, 1, rotary_dim=4)
     q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
-    ctx = scheme.prepare(torch.arange(6), torch.arange(6))
-    oq, ok = scheme.rotate(q, k, ctx, 0)
+    prep = scheme.prepare(torch.arange(6), torch.arange(6))
+    oq, ok = scheme.rotate(q, k, prep, 0)
     assert torch.equal(oq[..., 4:], q[..., 4:]) and torch.equal(ok[..., 4:], k[..., 4:])
     assert not torch.allclose(oq[..., :4], q[..., :4])
 
@@ -360,10 +360,10 @@ def test_scaled_rope_is_built_on_the_positions_device_without_reading_values(sca
     """On the meta device nothing can be read back: any host read or CPU-only tensor would fail here."""
     scheme = make_scheme("rope", 32, 2, 1, causal=True, scaling=scaling)
     pos = torch.arange(20, device="meta")
-    ctx = scheme.prepare(pos, pos)
-    assert ctx["cos"].device.type == "meta" and ctx["cos"].shape == (20, 16)
+    prep = scheme.prepare(pos, pos)
+    assert prep["cos"].device.type == "meta" and prep["cos"].shape == (20, 16)
     q = torch.empty(1, 2, 20, 16, device="meta")
-    oq, ok = scheme.rotate(q, q, ctx, 0)
+    oq, ok = scheme.rotate(q, q, prep, 0)
     assert oq.shape == q.shape and oq.device.type == "meta"
 
 

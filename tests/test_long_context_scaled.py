@@ -42,14 +42,14 @@ def smoke_data():
 @pytest.mark.parametrize("n, L", [(64, 64), (128, 64), (512, 64)])
 def test_passkey_windows_hold_the_key_once_and_far_enough_back(smoke_data, n, L):
     cfg, vocab, text, _ = smoke_data
-    ids, where, dist = lcs.passkey_batch(vocab, text, n, L, trials=30, seed=3)
-    assert ids.shape == (30, n) and where.shape == (30, lcs.KEY_DIGITS)
-    for row, w, d in zip(ids, where, dist):
+    ids, key_at, dist = lcs.passkey_batch(vocab, text, n, L, trials=30, seed=3)
+    assert ids.shape == (30, n) and key_at.shape == (30, lcs.KEY_DIGITS)
+    for row, w, d in zip(ids, key_at, dist):
         s = vocab.decode(row.tolist())
         key = s[-lcs.KEY_DIGITS:]
         assert key.isdigit() and s.endswith(lcs.QUESTION + key)
         assert s.count(lcs.NEEDLE.format(key=key)) == 1
-        # the digits predicted at `where` are the key's, and the needle's key is `d` characters back
+        # the digits predicted at `key_at` are the key's, and the needle's key is `d` characters back
         assert vocab.decode(row[w + 1].tolist()) == key
         assert s[n - lcs.KEY_DIGITS - d : n - lcs.KEY_DIGITS - d + lcs.KEY_DIGITS] == key
         assert d > L if n > L else d < L

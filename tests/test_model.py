@@ -131,14 +131,14 @@ def test_fused_kernel_used_where_the_scheme_allows(monkeypatch):
                    (("enc", (5, 5)), ("dec", (4, 4)), ("cross", (4, 5)))}
         assert len(by_kind["cross"]) == 2 and all(mk is None and not c for _, mk, c in by_kind["cross"])
         if pe in ("shaw", "xlnet", "deberta"):  # explicit scores: only cross-attention is fused
-            assert len(calls) == 2 and not m.enc_pos.fused
+            assert len(calls) == 2 and not m.enc_scheme.fused
         elif pe in ("t5", "alibi"):  # the bias (and the causal part) as one float mask
             assert all(mk.is_floating_point() and not c for _, mk, c in by_kind["enc"] + by_kind["dec"])
-            assert len(calls) == 6 and m.enc_pos.fused
+            assert len(calls) == 6 and m.enc_scheme.fused
         else:  # nothing to add: no mask, and the decoder's causal mask is SDPA's own is_causal
             assert all(mk is None and not c for _, mk, c in by_kind["enc"]), pe
             assert all(mk is None and c for _, mk, c in by_kind["dec"]), pe
-            assert len(calls) == 6 and m.enc_pos.fused
+            assert len(calls) == 6 and m.enc_scheme.fused
 
 
 def _copy_batch(b=32, n=8):
@@ -238,3 +238,39 @@ def test_keep_weights_stores_attention_maps_without_changing_outputs():
     assert w.shape == (2, 4, 4, 4)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 4))
     assert torch.all(w.triu(1) == 0)  # causal
+
+
+def _renamed(state: dict, renames: dict[str, str], prefix: str = "") -> dict:
+    out = {}
+    for key, value in state.items():
+        for new, old in renames.items():
+            if key.startswith(prefix + new + "."):
+                key = prefix + old + key[len(prefix + new):]
+                break
+        out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("pe", ["t5", "learned"])
+def test_checkpoints_with_the_old_scheme_keys_still_load(pe):
+    """The schemes were ``enc_pos``/``dec_pos`` (Seq2SeqTransformer) and ``pos`` (CausalLM) in checkpoints saved
+    before they were renamed ``enc_scheme``/``dec_scheme``/``scheme``: such a state dict loads, strictly, with every
+    value where it was, also as part of a larger module."""
+    from posenc_lib.models.causal_lm import CausalLM
+
+    dims = dict(d_model=32, n_heads=4, num_layers=2, dim_feedforward=64)
+    makers = ((lambda: build_model(pe, 31, dropout=0.0, **dims), {"enc_scheme": "enc_pos", "dec_scheme": "dec_pos"}),
+              (lambda: CausalLM(31, pe, **dims), {"scheme": "pos"}))
+    for make, renames in makers:
+        set_seed(0)
+        model = make()
+        state = model.state_dict()
+        old = _renamed(state, renames)
+        assert any(k.split(".")[0] in renames.values() for k in old) and old.keys() != state.keys()
+        fresh = make()
+        fresh.load_state_dict(old)
+        assert all(torch.equal(v, state[k]) for k, v in fresh.state_dict().items())
+        outer = torch.nn.ModuleDict({"inner": make()})
+        outer.load_state_dict(_renamed({f"inner.{k}": v for k, v in state.items()}, renames, "inner."))
+        assert all(torch.equal(v, state[k]) for k, v in outer["inner"].state_dict().items())
+        fresh.load_state_dict(state)  # the new keys load as before

@@ -80,11 +80,11 @@ def test_deberta_disentangled_attention_matches_transformers():
     ref, scheme, attn = _deberta_pair()
     x = torch.randn(2, 30, 32)  # length 30 > buckets: exercises the log buckets and clipping
     pos = torch.arange(30)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     mask = torch.ones(2, 1, 30, 30, dtype=torch.bool)
     with torch.no_grad():
-        expected, _ = ref(x, mask, rel_embeddings=ctx["rel"])
-        got = attn(x, pos=scheme, ctx=ctx)
+        expected, _ = ref(x, mask, rel_embeddings=prep["rel"])
+        got = attn(x, scheme=scheme, prep=prep)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
 
 
@@ -97,15 +97,15 @@ def test_deberta_long_input_in_query_blocks_matches_transformers(monkeypatch):
     ref, scheme, attn = _deberta_pair()
     n = 120  # > max_relative_positions (40): distances clip
     x, pos = torch.randn(2, n, 32), torch.arange(n)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     mask = torch.ones(2, 1, n, n, dtype=torch.bool)
     monkeypatch.setattr(attention, "BLOCK_ELEMENTS", 2 * 4 * 8 * n)  # blocks of 8 query rows
     ends = []
-    real = deberta._clipped_ends
-    monkeypatch.setattr(deberta, "_clipped_ends", lambda index: ends.append(real(index)) or ends[-1])
+    real = deberta.clipped_ends
+    monkeypatch.setattr(deberta, "clipped_ends", lambda index: ends.append(real(index)) or ends[-1])
     with torch.no_grad():
-        expected, _ = ref(x, mask, rel_embeddings=ctx["rel"])
-        got = attn(x, pos=scheme, ctx=ctx)
+        expected, _ = ref(x, mask, rel_embeddings=prep["rel"])
+        got = attn(x, scheme=scheme, prep=prep)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     assert any(left > 0 for left, _ in ends) and any(right < n for _, right in ends)
 
@@ -132,12 +132,12 @@ def test_deberta_matches_transformers_with_gradients(path, monkeypatch):
     monkeypatch.setattr(cpu_flash, "flash_blocks", spy)
     x = torch.randn(2, 30, 32, requires_grad=True)
     pos = torch.arange(30)
-    ctx = scheme.prepare(pos, pos)
+    prep = scheme.prepare(pos, pos)
     mask = torch.ones(2, 1, 30, 30, dtype=torch.bool)
     d_out = torch.randn(2, 30, 32)
-    expected, _ = ref(x, mask, rel_embeddings=ctx["rel"])
+    expected, _ = ref(x, mask, rel_embeddings=prep["rel"])
     want = torch.autograd.grad(expected, [x, ref.query_proj.weight], d_out)
-    got = attn(x, pos=scheme, ctx=ctx)
+    got = attn(x, scheme=scheme, prep=prep)
     have = torch.autograd.grad(got, [x, attn.q_proj.weight], d_out)
     assert len(used) == (path != "explicit")
     if path == "sides":  # buckets clipped for i - j >= 7 and <= -10: rows 12-17 split off keys 0-5 and 27-29
@@ -187,8 +187,8 @@ def test_xlnet_relative_attention_matches_transformers(q_len, k_len, causal):
             future = (k_pos[None, :] > q_pos[:, None]).float()  # 1 = masked, (i, j)
             mask = future[:, :, None, None].expand(q_len, k_len, b, h)
         expected = ref.rel_attn_core(to_ibnd(q), to_ibnd(k), to_ibnd(v), k_head_r, attn_mask=mask)
-        ctx = scheme.prepare(q_pos, k_pos)
-        s = (q @ k.transpose(-1, -2) + scheme.scores(q, k, ctx, 0, None)) / math.sqrt(d)
+        prep = scheme.prepare(q_pos, k_pos)
+        s = (q @ k.transpose(-1, -2) + scheme.scores(q, k, prep, 0, None)) / math.sqrt(d)
         if causal:
             s = s.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
         got = torch.softmax(s, -1) @ v

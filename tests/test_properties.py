@@ -184,7 +184,7 @@ def test_fused_path_equals_explicit_path_for_every_shape(q_len, cached, causal, 
     attn = MultiHeadAttention(16, 2).eval()
     scheme = make_scheme(pe, 16, 2, 1, causal=causal)
     k_len = cached + q_len
-    ctx = scheme.prepare(torch.arange(cached, k_len), torch.arange(k_len))
+    prep = scheme.prepare(torch.arange(cached, k_len), torch.arange(k_len))
     x = torch.randn(2, q_len, 16, generator=g)
     past = {"k": torch.randn(2, 2, cached, 8, generator=g), "v": torch.randn(2, 2, cached, 8, generator=g)}
     pad = None
@@ -194,6 +194,6 @@ def test_fused_path_equals_explicit_path_for_every_shape(q_len, cached, causal, 
     outs = []
     for weights in (False, True):
         cache = {key: t.clone() for key, t in past.items()} if cached else None
-        out = attn(x, causal=causal, pos=scheme, ctx=ctx, key_padding_mask=pad, cache=cache, need_weights=weights)
+        out = attn(x, causal=causal, scheme=scheme, prep=prep, key_padding_mask=pad, cache=cache, need_weights=weights)
         outs.append(out[0] if weights else out)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)

@@ -45,14 +45,14 @@ TINY_MODULE = textwrap.dedent('''
         """-slope_h * |i - j| added to the scores of head h."""
 
         name = "tiny_bias"
-        where = "scores (bias)"
+        enters = "scores (bias)"
 
         def __init__(self, d_model, n_heads, num_layers, causal=False, slope: float = 0.5):
             super().__init__(d_model, n_heads, num_layers, causal)
             self.slope = nn.Parameter(torch.full((num_layers, n_heads), float(slope)))
 
-        def bias(self, ctx, layer):
-            dist = (ctx["q_pos"][:, None] - ctx["k_pos"][None, :]).abs().float()
+        def bias(self, prep, layer):
+            dist = (prep["q_pos"][:, None] - prep["k_pos"][None, :]).abs().float()
             return -(self.slope[layer][:, None, None] * dist)[None]
 ''')
 
@@ -123,7 +123,7 @@ def test_a_new_module_is_all_a_new_scheme_needs(tiny_module):
         uncached = greedy_decode(model, src, max_new_tokens=6, bos_id=1, eos_id=None, use_cache=False)
     assert cached.shape == (2, 7) and torch.equal(cached, uncached)
     model.train().loss(src, tgt, tgt).backward()
-    assert model.enc_pos.slope.grad is not None and model.enc_pos.slope.grad.abs().sum() > 0
+    assert model.enc_scheme.slope.grad is not None and model.enc_scheme.slope.grad.abs().sum() > 0
     lm = CausalLM(V, "tiny_bias", d_model=16, n_heads=2, num_layers=1, dim_feedforward=32)
     assert lm(torch.randint(1, V, (2, 6))).shape == (2, 6, V)
     # the command lines' choices

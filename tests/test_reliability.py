@@ -314,7 +314,7 @@ def test_duplicate_seeds_and_schemes_count_once(tmp_path, monkeypatch):
 
     assert parse_seeds("0,0,00") == [0] and parse_seeds("2,1,2") == [2, 1]
     calls = []
-    monkeypatch.setattr(ex, "_finish", lambda pe, cfg, seed, out, progress: calls.append((pe, seed)) or "done")
+    monkeypatch.setattr(ex, "train_and_write", lambda pe, cfg, seed, out, progress: calls.append((pe, seed)) or "done")
     ex.run_all(ex.SMOKE, ["none", "none", "rope"], [0, 0], tmp_path / "ex", progress=False, log=quiet)
     assert calls == [("none", 0), ("rope", 0)]
     calls.clear()
@@ -434,7 +434,7 @@ def test_entry_points_without_flags_leave_the_committed_results_alone(tmp_path, 
         shutil.copy(ROOT / "results" / folder / name, tmp_path / "results" / folder / name)
     before = snapshot(tmp_path / "results")
     trained = []
-    monkeypatch.setattr(ex, "_finish", lambda pe, cfg, seed, out, progress: trained.append(str(out)) or "done")
+    monkeypatch.setattr(ex, "train_and_write", lambda pe, cfg, seed, out, progress: trained.append(str(out)) or "done")
     monkeypatch.setattr(lc, "pretrain", lambda name, seed, cfg, out, ckpt: trained.append(str(out)) or "done")
     monkeypatch.setattr(lc, "finetune", lambda name, method, seed, cfg, out, ckpt: "done")
     assert run_cli(ex.main, ["--no-progress"]) == (0, [])
@@ -548,28 +548,28 @@ def test_ctrl_c_says_how_to_continue(tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     d = tiny_dir(tmp_path)
-    monkeypatch.setattr(pipeline, "_job", interrupted)
+    monkeypatch.setattr(pipeline, "run_model", interrupted)
     code, lines = run_cli(wmt14_main, ["--profile", "smoke", "--pe", "none", "--data-dir", str(d), "--set",
                                        "vocab_size=200", "--out", str(tmp_path / "run"), "--no-progress"])
     assert code == 130 and len(lines) == 1 and "--resume" in lines[0] and str(tmp_path / "run") in lines[0], lines
     assert not (tmp_path / "run" / LOCK_NAME).exists()
-    monkeypatch.setattr(ex, "_finish", interrupted)
+    monkeypatch.setattr(ex, "train_and_write", interrupted)
     code, lines = run_cli(ex.main, ["--pe", "none", "--seeds", "0", "--out", str(tmp_path / "ex"), "--no-progress"])
     assert code == 130 and len(lines) == 1 and "same command" in lines[0], lines
 
 
 def test_cut_off_metrics_line_is_named_or_dropped(tmp_path):
     """A cut-off `metrics.jsonl` line ended in a JSONDecodeError without the file's name."""
-    from posenc_lib.experiments.wmt14.train import _read_metrics
+    from posenc_lib.experiments.wmt14.train import read_metrics
 
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": s, "val_loss": 1.0} for s in (0, 2, 4)]
     text = "".join(json.dumps(r) + "\n" for r in rows)
     path.write_text(text + '{"step": 6, "val_lo')  # a kill while the last row was appended
-    assert _read_metrics(path, 4) == rows
+    assert read_metrics(path, 4) == rows
     path.write_text(text.replace('{"step": 2', '{"step": 2,,', 1))
     with pytest.raises(ValueError, match=rf"{path}, line 2: not a metrics row.*delete that line"):
-        _read_metrics(path, 4)
+        read_metrics(path, 4)
 
 
 def test_results_file_names_the_command_that_makes_it(tmp_path):
@@ -728,8 +728,8 @@ def test_calibrate_keeps_a_folder_it_did_not_make(tmp_path, monkeypatch):
     (ck / "calibration" / "mine.txt").write_text("keep me\n")
     used = []
 
-    def timed(pe, ctx, barrier=None, threads=None):  # the measurement without the training
-        work = Path(ctx["work_dir"])
+    def timed(pe, job, barrier=None, threads=None):  # the measurement without the training
+        work = Path(job["work_dir"])
         assert work.is_dir() and work.parent == ck and work.name != "calibration"
         (work / f"{pe}.pt").write_text("a timed model\n")
         used.append(work)
@@ -774,7 +774,7 @@ def test_lessons_read_committed_results_through_results_file():
     import re
 
     raw = []
-    for where, src in _lesson_cells():
+    for cell, src in _lesson_cells():
         for m in re.finditer(r"\.read_text\(", src):
             before = src[: m.start()]
             if before.endswith(")"):  # (PATH).read_text(): PATH must be results_file's argument
@@ -789,17 +789,17 @@ def test_lessons_read_committed_results_through_results_file():
                 name = re.search(r"(\w+)$", before).group(1)
                 ok = re.search(rf"for {name} in (results_files\(|sorted\(\w+\.glob\()", src) is not None
             if not ok:
-                raw.append(f"{where}: {src[max(0, m.start() - 70) : m.end()]!r}")
+                raw.append(f"{cell}: {src[max(0, m.start() - 70) : m.end()]!r}")
         for m in re.finditer(r"\w+\.load_results\(([^)]*)\)", src):
             if "tmp" not in m.group(1) and not re.search(r"results_files\(|\.is_dir\(\)|\.glob\(", src):
-                raw.append(f"{where}: {m.group(0)!r}")
+                raw.append(f"{cell}: {m.group(0)!r}")
     assert raw == []
 
 
 def test_every_committed_results_file_names_how_it_is_made(tmp_path):
     """Every committed results file (results/, benchmarks/results/) has a command in RESULT_COMMANDS, or is
     marked as a record of an earlier measurement; the lessons' messages name it."""
-    from posenc_lib.course.notebook import _NO_MATCH, _entry_for, results_file, results_files
+    from posenc_lib.course.notebook import NO_MATCH, entry_for, results_file, results_files
 
     listed = subprocess.run(["git", "ls-files", "-z", "results", "benchmarks/results"], cwd=ROOT, capture_output=True)
     if listed.returncode == 0:  # what git tracks: not the ignored checkpoints or a run being written
@@ -809,7 +809,7 @@ def test_every_committed_results_file_names_how_it_is_made(tmp_path):
                      if p.is_file() and not p.name.startswith(".") and not any(q.endswith("-ckpt") for q in p.parts)]
     committed = [p for p in committed if p.name != "README.md"]  # the page that says how each folder is made
     assert len(committed) > 100
-    assert [str(p.relative_to(ROOT)) for p in committed if _entry_for(p) is _NO_MATCH] == []
+    assert [str(p.relative_to(ROOT)) for p in committed if entry_for(p) is NO_MATCH] == []
     with pytest.raises(FileNotFoundError, match=r"timing\.json does not exist yet: make it with `python -m posenc_lib\."
                                                 r"experiments\.rope_variants --profile course --time-updates 20"):
         results_file(tmp_path / "results" / "rope_variants" / "timing.json")

@@ -441,7 +441,7 @@ def _no_budget_training():
     module = _paused_module()
     if any(module.budget_processes(ROOT / folder) for folder in module.FOLDERS):
         pytest.skip("budget training is running on this machine")
-    if module._instances():
+    if module.other_instances():
         pytest.skip("with_budget_paused.py runs on this machine")
 
 
@@ -529,7 +529,7 @@ def paused(tmp_path, monkeypatch):
              "models": ["reverse/decoder/rope_seed0.json"]}]
     monkeypatch.setattr(module, "FOLDERS", (folder,))
     monkeypatch.setattr(module, "budget_processes", lambda f, *a: fake if Path(f) == folder else [])
-    monkeypatch.setattr(module, "_instances", lambda: [])  # alone, also when the tests run inside one
+    monkeypatch.setattr(module, "other_instances", lambda: [])  # alone, also when the tests run inside one
     monkeypatch.chdir(tmp_path)  # main() changes to the repository's folder
     module.folder, module.training = folder, training
     yield module

@@ -91,12 +91,12 @@ def test_gemma3_shipped_layers_rotate_like_transformers(name):
     q, k = torch.randn(1, 2, n, 256), torch.randn(1, 2, n, 256)
     for i, layer_type in enumerate(cfg.layer_types):
         cos, sin = rot(q, POSITIONS[None], layer_type)
-        scheme, index = model.layer_pos[i]
-        ctx = scheme.prepare(POSITIONS, POSITIONS)
-        torch.testing.assert_close(ctx["cos"], cos[0], atol=1e-6, rtol=0)
-        torch.testing.assert_close(ctx["sin"], sin[0], atol=1e-6, rtol=0)
+        scheme, index = model.scheme_per_layer[i]
+        prep = scheme.prepare(POSITIONS, POSITIONS)
+        torch.testing.assert_close(prep["cos"], cos[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(prep["sin"], sin[0], atol=1e-6, rtol=0)
         eq, ek = apply(q, k, cos, sin)
-        oq, ok = scheme.rotate(q, k, ctx, index)
+        oq, ok = scheme.rotate(q, k, prep, index)
         torch.testing.assert_close(oq, eq, atol=1e-5, rtol=1e-5, msg=f"{name} layer {i} ({layer_type})")
         torch.testing.assert_close(ok, ek, atol=1e-5, rtol=1e-5, msg=f"{name} layer {i} ({layer_type})")
 
@@ -118,11 +118,11 @@ def test_llama4_shipped_layers_rotate_like_transformers(name):
     q, k = torch.randn(1, n, 2, 128), torch.randn(1, n, 2, 128)  # transformers' layout: (batch, T, heads, dim)
     eq, ek = apply(q, k, freqs_cis)
     for i in range(3):
-        scheme, index = model.layer_pos[i]
-        ctx = scheme.prepare(POSITIONS, POSITIONS)
-        torch.testing.assert_close(ctx["cos"][:, ::2], freqs_cis[0].real, atol=1e-6, rtol=0)
-        torch.testing.assert_close(ctx["sin"][:, ::2], freqs_cis[0].imag, atol=1e-6, rtol=0)
-        oq, ok = scheme.rotate(q.transpose(1, 2), k.transpose(1, 2), ctx, index)
+        scheme, index = model.scheme_per_layer[i]
+        prep = scheme.prepare(POSITIONS, POSITIONS)
+        torch.testing.assert_close(prep["cos"][:, ::2], freqs_cis[0].real, atol=1e-6, rtol=0)
+        torch.testing.assert_close(prep["sin"][:, ::2], freqs_cis[0].imag, atol=1e-6, rtol=0)
+        oq, ok = scheme.rotate(q.transpose(1, 2), k.transpose(1, 2), prep, index)
         torch.testing.assert_close(oq, eq.transpose(1, 2), atol=1e-5, rtol=1e-5, msg=f"{name} layer {i}")
         torch.testing.assert_close(ok, ek.transpose(1, 2), atol=1e-5, rtol=1e-5, msg=f"{name} layer {i}")
 

@@ -48,7 +48,7 @@ def test_models_take_each_scheme_and_every_parameter_learns(pe):
     g = torch.Generator().manual_seed(1)
     src, tgt = torch.randint(3, V, (2, 9), generator=g), torch.randint(3, V, (2, 8), generator=g)
     if pe == "cope":  # the paper's zero start gives the gates no gradient at the first step: start elsewhere
-        for scheme in (model.enc_pos, model.dec_pos):
+        for scheme in (model.enc_scheme, model.dec_scheme):
             torch.nn.init.normal_(scheme.pos_emb, std=0.5)
     model.loss(src, tgt[:, :-1], tgt[:, 1:]).backward()
     lm = CausalLM(V, pe, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64)
@@ -56,7 +56,7 @@ def test_models_take_each_scheme_and_every_parameter_learns(pe):
     params = [(f"model.{n}", p) for n, p in model.named_parameters()] + [(f"lm.{n}", p) for n, p in lm.named_parameters()]
     silent = [n for n, p in params if p.grad is None or not bool(p.grad.abs().sum() > 0)]
     assert not silent
-    scheme_params = [n for n, _ in params if ".enc_pos." in n or ".dec_pos." in n or ".pos." in n]
+    scheme_params = [n for n, _ in params if ".enc_scheme." in n or ".dec_scheme." in n or ".scheme." in n]
     assert bool(scheme_params) == (pe != "xpos")
 
 
@@ -67,7 +67,7 @@ def test_each_scheme_takes_the_path_its_hooks_ask_for():
     for pe in SURVEY_TYPES:
         s = make_scheme(pe, 32, 4, 1, causal=True)
         p = choose_attention_path(s, q_len=8, k_len=8, causal=True, padded=False)
-        paths[pe] = (s.where, p.fused, p.is_causal, s.adds_bias, s.adds_scores, s.fused, s.splits_queries)
+        paths[pe] = (s.enters, p.fused, p.is_causal, s.adds_bias, s.adds_scores, s.fused, s.splits_queries)
     assert paths == {
         "xpos": ("q,k", True, True, False, False, True, True),
         "fire": ("scores (bias)", True, False, True, False, True, True),
@@ -100,7 +100,7 @@ def test_xpos_equals_x_transformers_rotary_xpos(rotary_dim, scale_base):
     pos = torch.arange(n)
     ref = xa(x, rotary_pos_emb=rotary(pos))
     ref = ref[0] if isinstance(ref, tuple) else ref
-    got = ours(x, causal=True, pos=scheme, ctx=scheme.prepare(pos, pos))
+    got = ours(x, causal=True, scheme=scheme, prep=scheme.prepare(pos, pos))
     diff = (got - ref).abs().max().item()
     assert diff < 2e-6, diff  # measured: about 1e-7
     (g_ref,) = torch.autograd.grad(ref.square().sum(), x)
@@ -114,8 +114,8 @@ def test_xpos_scores_decay_with_distance_only():
     s = make_scheme("xpos", 16, 2, 1, causal=True, scale_base=4.0)
     q, k = torch.randn(16 // 2), torch.randn(16 // 2)
     pos = torch.arange(30)
-    ctx = s.prepare(pos, pos)
-    qs, ks = s.rotate(q.expand(1, 1, 30, 8), k.expand(1, 1, 30, 8), ctx, 0)
+    prep = s.prepare(pos, pos)
+    qs, ks = s.rotate(q.expand(1, 1, 30, 8), k.expand(1, 1, 30, 8), prep, 0)
     scores = (qs @ ks.transpose(-1, -2))[0, 0]
     for delta in (0, 3, 11):
         diag = scores.diagonal(-delta)  # query n, key n - delta
@@ -124,7 +124,7 @@ def test_xpos_scores_decay_with_distance_only():
     zeta = s.zeta[-1]
     e = torch.zeros(8)
     e[-2] = 1.0
-    qs, ks = s.rotate(e.expand(1, 1, 30, 8), e.expand(1, 1, 30, 8), ctx, 0)
+    qs, ks = s.rotate(e.expand(1, 1, 30, 8), e.expand(1, 1, 30, 8), prep, 0)
     rope = make_scheme("rope", 16, 2, 1, causal=True)
     qr, kr = rope.rotate(e.expand(1, 1, 30, 8), e.expand(1, 1, 30, 8), rope.prepare(pos, pos), 0)
     ratio = ((qs @ ks.transpose(-1, -2)) / (qr @ kr.transpose(-1, -2)))[0, 0]
@@ -160,7 +160,7 @@ def test_cope_equals_x_transformers_cope(max_pos):
     pos = torch.arange(n)
     ref = xa(x)
     ref = ref[0] if isinstance(ref, tuple) else ref
-    got = ours(x, causal=True, pos=scheme, ctx=scheme.prepare(pos, pos))
+    got = ours(x, causal=True, scheme=scheme, prep=scheme.prepare(pos, pos))
     diff = (got - ref).abs().max().item()
     assert diff < 2e-6, diff  # measured: about 1e-7
     g_ref = torch.autograd.grad(ref.square().sum(), (x, xa.attend.cope.pos_emb))
@@ -378,9 +378,9 @@ def test_fire_shared_layers_builds_one_bias_per_stack():
     s = make_scheme("fire", 32, 4, 3, causal=True, shared_layers=True)
     assert len(s.mlps) == 1 and s.c.shape == (1,)
     pos = torch.arange(7)
-    ctx = s.prepare(pos, pos)
-    assert s.bias(ctx, 0) is s.bias(ctx, 2)
-    torch.testing.assert_close(s.bias(ctx, 2)[0].double(), _fire_naive(s, 2, pos, pos), atol=2e-6, rtol=1e-5)
+    prep = s.prepare(pos, pos)
+    assert s.bias(prep, 0) is s.bias(prep, 2)
+    torch.testing.assert_close(s.bias(prep, 2)[0].double(), _fire_naive(s, 2, pos, pos), atol=2e-6, rtol=1e-5)
 
 
 # -- Kerple ------------------------------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def _model_and_batch(pe):
     set_seed(0)
     model = build_model(pe, V, **SMALL).train()
     if pe == "cope":
-        for scheme in (model.enc_pos, model.dec_pos):
+        for scheme in (model.enc_scheme, model.dec_scheme):
             torch.nn.init.normal_(scheme.pos_emb, std=0.5)
     g = torch.Generator().manual_seed(1)
     src, tgt = torch.randint(4, V, (3, 13), generator=g), torch.randint(4, V, (3, 12), generator=g)
@@ -506,12 +506,12 @@ def test_cached_steps_equal_the_full_decoder(pe):
     set_seed(0)
     m = build_model(pe, V, d_model=32, n_heads=4, num_layers=2, dim_feedforward=64, dropout=0.0).eval()
     if pe == "cope":
-        torch.nn.init.normal_(m.dec_pos.pos_emb, std=0.5)
+        torch.nn.init.normal_(m.dec_scheme.pos_emb, std=0.5)
     if pe == "xpos":
-        m.dec_pos = make_scheme("xpos", 32, 4, 2, causal=True, scale_base=16.0)  # a decay felt within 40 steps
+        m.dec_scheme = make_scheme("xpos", 32, 4, 2, causal=True, scale_base=16.0)  # a decay felt within 40 steps
     if pe == "fire":
         with torch.no_grad():
-            m.dec_pos.L_multiplier.fill_(20 / 512)  # L = 20: rows on both sides of the threshold
+            m.dec_scheme.L_multiplier.fill_(20 / 512)  # L = 20: rows on both sides of the threshold
     steps = 40
     src = torch.randint(3, V, (2, 5), generator=torch.Generator().manual_seed(1))
     tgt = torch.randint(3, V, (2, steps), generator=torch.Generator().manual_seed(2))
@@ -536,9 +536,9 @@ def test_cope_runs_through_flex_attention_too(causal, monkeypatch):
     pos, x = torch.arange(16), torch.randn(2, 16, 32)
     with torch.no_grad():
         monkeypatch.delenv(flex.ENV, raising=False)
-        ref = attn(x, causal=causal, pos=scheme, ctx=scheme.prepare(pos, pos))
+        ref = attn(x, causal=causal, scheme=scheme, prep=scheme.prepare(pos, pos))
         monkeypatch.setenv(flex.ENV, "1")
-        got = attn(x, causal=causal, pos=scheme, ctx=scheme.prepare(pos, pos))
+        got = attn(x, causal=causal, scheme=scheme, prep=scheme.prepare(pos, pos))
     torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
 
 
@@ -566,8 +566,8 @@ def test_bad_options_give_one_clear_error(pe, options, error, message):
 def test_xpos_refuses_positions_beyond_float32():
     s = make_scheme("xpos", 32, 4, 1, causal=True, scale_base=2.0)
     assert s.max_position == 127  # 80 * 2 / -log(zeta_0), zeta_0 = 0.4 / 1.4
-    ctx = s.prepare(torch.arange(128), torch.arange(128))  # positions 0 .. 127
-    assert all(torch.isfinite(ctx[key]).all() for key in ("cos_q", "sin_q", "cos_k", "sin_k"))
+    prep = s.prepare(torch.arange(128), torch.arange(128))  # positions 0 .. 127
+    assert all(torch.isfinite(prep[key]).all() for key in ("cos_q", "sin_q", "cos_k", "sin_k"))
     with pytest.raises(ValueError, match=r"xpos: position 200 is beyond position 127, the last whose .* scale_base=2;"):
         s.prepare(torch.arange(201), torch.arange(201))
     make_scheme("xpos", 32, 4, 1, causal=False, scale_base=2.0).prepare(torch.arange(201), torch.arange(201))

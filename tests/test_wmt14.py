@@ -46,8 +46,8 @@ def tiny_profile(**kw):
 
 
 def test_shipped_data_is_complete_and_heldout_unseen():
-    splits, where = load_wmt14(source="files")
-    assert "local files" in where
+    splits, origin = load_wmt14(source="files")
+    assert "local files" in origin
     assert len(splits["newstest2014"][0]) == 3003 and len(splits["newstest2013"][0]) == 3000
     assert len(splits["heldout"][0]) == 2000
     train_fr, train_en = set(splits["train"][0]), set(splits["train"][1])

@@ -523,6 +523,6 @@ def test_alibi_directional_runs_as_its_own_scheme_and_builds_the_variant(tmp_pat
     assert list(out["models"]) == ["alibi-directional", "alibi"]  # the order the run was given
     assert set(built) == {("alibi", "symmetric"), ("alibi", "directional")}
     model = built[("alibi", "directional")]
-    assert model.enc_pos.bidirectional == "directional" and model.enc_pos._left_slopes() is not None
-    assert model.dec_pos.causal and model.dec_pos._left_slopes() is None  # the decoder keeps the paper's form
+    assert model.enc_scheme.bidirectional == "directional" and model.enc_scheme.left_slopes() is not None
+    assert model.dec_scheme.causal and model.dec_scheme.left_slopes() is None  # the decoder keeps the paper's form
     assert (tmp_path / "run" / "alibi-directional-seed0" / "result.json").exists()

@@ -253,7 +253,7 @@ def test_length_row_follows_sacrebleus_brevity_penalty():
     hyps = ["a b c", "a b c d e f g h i j k l m"]
     refs = ["a b c d e f g h", "a b c d e f"]
     stats = BLEU()._extract_corpus_statistics(hyps, [refs])
-    both, first, second = R._length_row(stats, [0, 1]), R._length_row(stats, [0]), R._length_row(stats, [1])
+    both, first, second = R.length_row(stats, [0, 1]), R.length_row(stats, [0]), R.length_row(stats, [1])
     assert (both["hyp_len"], both["ref_len"], both["ratio"], both["bp"]) == (16, 14, round(16 / 14, 3), 1.0)
     assert both["stops_early"] == 0.5 and both["runs_on"] == 0.5
     assert first["bp"] == round(math.exp(1 - 8 / 3), 3) and first["stops_early"] == 1.0 and first["runs_on"] == 0.0
@@ -267,8 +267,8 @@ def test_length_story_of_the_committed_run_agrees_with_its_scores(test, monkeypa
     whole-set BLEU and brevity penalty, buckets that partition the test set."""
     results = read_json(RUN / "results.json")
     calls = []
-    real = R._length_row
-    monkeypatch.setattr(R, "_length_row", lambda *a: calls.append(1) or real(*a))
+    real = R.length_row
+    monkeypatch.setattr(R, "length_row", lambda *a: calls.append(1) or real(*a))
     story = R.length_story(RUN, test)
     assert calls == []  # read back from lengths.TEST.json, not recomputed
     assert set(story["models"]) == set(results["models"])

@@ -103,8 +103,8 @@ class AttentionCall:
     k: torch.Tensor
     v: torch.Tensor
     allowed: torch.Tensor | None
-    pos: Any
-    ctx: dict | None
+    scheme: Any
+    prep: dict | None
     layer: int
     attn: Any
     path: Any
@@ -133,42 +133,42 @@ def select_backend(call: AttentionCall, tuning: AttentionTuning | None = None) -
     shape, device, dtype, dropout and whether gradients flow.  Sets ``call.bias`` (the scheme's bias) unless the
     selected backend lays the bias out itself (``cpu_offsets``)."""
     t = TUNING if tuning is None else tuning
-    pos, q, k_len, p_drop = call.pos, call.q, call.k.shape[2], call.p_drop
+    scheme, q, k_len, p_drop = call.scheme, call.q, call.k.shape[2], call.p_drop
     if not call.want_weights and (chosen := offset_selection(call, t)) is not None:
         return chosen
-    call.bias = bias = pos.bias(call.ctx, call.layer) if pos is not None else None
-    if flex_wanted(pos, call.want_weights, p_drop, q.shape[2]):
+    call.bias = bias = scheme.bias(call.prep, call.layer) if scheme is not None else None
+    if flex_wanted(scheme, call.want_weights, p_drop, q.shape[2]):
         return Selection("flex")
-    blocks = None if call.want_weights else query_blocks(pos, q, k_len, call.path, bias, p_drop, t)
+    blocks = None if call.want_weights else query_blocks(scheme, q, k_len, call.path, bias, p_drop, t)
     if blocks is None:
         return Selection("sdpa" if call.path.fused else "explicit")
-    if not cpu_flash_wanted(pos, q, p_drop, t):
+    if not cpu_flash_wanted(scheme, q, p_drop, t):
         return Selection("blocks", blocks)
-    if pos.adds_values:  # the scheme's own kernel computes its value term from the kernel's lse
-        return Selection("cpu_values", blocks, batch_chunk(q, fused_rows(pos, t), k_len, t))
-    if shares_parts(pos, bias):
+    if scheme.adds_values:  # the scheme's own kernel computes its value term from the kernel's lse
+        return Selection("cpu_values", blocks, batch_chunk(q, fused_rows(scheme, t), k_len, t))
+    if shares_parts(scheme, bias):
         limit = t.batch_chunk_elements
         if limit is not None and t.block_elements is not None:
             limit = min(limit, t.block_elements)
         return Selection("cpu_shared_parts", blocks, chunk_elements=limit)
-    if bias is None and pos.score_parts is not None:
+    if bias is None and scheme.score_parts is not None:
         return Selection("cpu_parts", blocks)
-    shared = not pos.adds_scores and (call.allowed is None or call.allowed.shape[0] == 1)
-    if shared and not call.path.causal_mask and (values := learned_offsets(pos, call.ctx, bias)) is not None:
+    shared = not scheme.adds_scores and (call.allowed is None or call.allowed.shape[0] == 1)
+    if shared and not call.path.causal_mask and (values := learned_offsets(scheme, call.prep, bias)) is not None:
         # a non-causal call with a learned bias per offset (T5's encoder from batch 2): one fused call, the gradient
         # summed per diagonal block by block, never a whole gradient of the bias
         return Selection("cpu_whole_offsets", None, batch_chunk(q, t.fused_block_rows, k_len, t), values)
     return Selection("cpu_mask" if shared else "cpu_mask_blocks", blocks)
 
 
-def shares_parts(pos, bias) -> bool:
+def shares_parts(scheme, bias) -> bool:
     """Score terms built per block from parts made once per layer (``score_parts`` and ``block_parts``: DeBERTa,
     XLNet), where the call has no bias: the ``cpu_shared_parts`` backend."""
-    return bias is None and pos.score_parts is not None and pos.block_parts is not None
+    return bias is None and scheme.score_parts is not None and scheme.block_parts is not None
 
 
 #: a scheme's own fused CPU kernel for its score and value terms, by scheme class (:func:`register_value_kernel`):
-#: ``kernel(pos, q, k, v, ctx, layer, scale, allowed, blocks) -> out``
+#: ``kernel(scheme, q, k, v, prep, layer, scale, allowed, blocks) -> out``
 VALUE_KERNELS: dict[type, Callable] = {}
 
 
@@ -181,22 +181,22 @@ def register_value_kernel(scheme_class: type, kernel: Callable) -> None:
     VALUE_KERNELS[scheme_class] = kernel
 
 
-def cpu_flash_wanted(pos, q: torch.Tensor, p_drop: float, tuning: AttentionTuning | None = None) -> bool:
+def cpu_flash_wanted(scheme, q: torch.Tensor, p_drop: float, tuning: AttentionTuning | None = None) -> bool:
     """The fused CPU path for a blocked call: a score or bias scheme on a float32 CPU tensor without dropout; one with
     a value term only when it has its own kernel (:data:`VALUE_KERNELS`: Shaw's) and no bias."""
     t = TUNING if tuning is None else tuning
-    if not (t.cpu_flash and pos is not None and (pos.adds_scores or pos.adds_bias) and cpu_flash.supported(q, p_drop)):
+    if not (t.cpu_flash and scheme is not None and (scheme.adds_scores or scheme.adds_bias) and cpu_flash.supported(q, p_drop)):
         return False
-    return not pos.adds_values or (for_class(VALUE_KERNELS, pos) is not None and not pos.adds_bias)
+    return not scheme.adds_values or (for_class(VALUE_KERNELS, scheme) is not None and not scheme.adds_bias)
 
 
-def fused_pays(pos, q: torch.Tensor, k_len: int, p_drop: float, t: AttentionTuning) -> bool:
+def fused_pays(scheme, q: torch.Tensor, k_len: int, p_drop: float, t: AttentionTuning) -> bool:
     """A call below ``block_elements`` takes the fused CPU path: gradients on, scores of at least
     ``fused_min_elements``, and a scheme and tensor it serves (:func:`cpu_flash_wanted`)."""
     b, h, q_len, _ = q.shape
     return (
         t.fused_min_elements is not None and b * h * q_len * k_len >= t.fused_min_elements and torch.is_grad_enabled()
-        and cpu_flash_wanted(pos, q, p_drop, t)
+        and cpu_flash_wanted(scheme, q, p_drop, t)
     )  # fmt: skip
 
 
@@ -209,19 +209,19 @@ def flush_pays(q: torch.Tensor, k_len: int, p_drop: float, t: AttentionTuning) -
     )  # fmt: skip
 
 
-def flex_wanted(pos, want_weights: bool, p_drop: float, q_len: int) -> bool:
+def flex_wanted(scheme, want_weights: bool, p_drop: float, q_len: int) -> bool:
     """FlexAttention for a score-modifying scheme, only when switched on (``POSENC_FLEX=1``, see flex.py)."""
-    if pos is None or want_weights or p_drop or q_len == 1 or not (pos.adds_scores or pos.adds_bias):
+    if scheme is None or want_weights or p_drop or q_len == 1 or not (scheme.adds_scores or scheme.adds_bias):
         return False
     from .flex import use_flex
 
     return use_flex()
 
 
-def fused_rows(pos, t: AttentionTuning) -> int:
+def fused_rows(scheme, t: AttentionTuning) -> int:
     """Query rows per block of a training call on the fused CPU path (``sided_block_rows`` for a scheme with
     ``clipped_sides``, else ``fused_block_rows``)."""
-    if t.sided_block_rows is not None and pos is not None and pos.clipped_sides:
+    if t.sided_block_rows is not None and scheme is not None and scheme.clipped_sides:
         return t.sided_block_rows
     return t.fused_block_rows
 
@@ -236,7 +236,7 @@ def batch_chunk(q: torch.Tensor, rows: int, k_len: int, t: AttentionTuning) -> i
     return max(1, min(b, t.batch_chunk_elements // (h * rows * k_len)))
 
 
-def query_blocks(pos, q, k_len: int, path, bias, p_drop: float = 0.0, tuning: AttentionTuning | None = None):
+def query_blocks(scheme, q, k_len: int, path, bias, p_drop: float = 0.0, tuning: AttentionTuning | None = None):
     """Query ranges for attention in blocks, or ``None`` for one piece.
 
     Blocks only pay where whole scores would otherwise be kept: the explicit path, or a fused call whose float mask
@@ -248,21 +248,21 @@ def query_blocks(pos, q, k_len: int, path, bias, p_drop: float = 0.0, tuning: At
     grad_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
     if path.fused and not grad_bias:
         return None
-    if pos is not None and (pos.adds_scores or pos.adds_values) and not pos.splits_queries:
+    if scheme is not None and (scheme.adds_scores or scheme.adds_values) and not scheme.splits_queries:
         return None
     if t.block_elements is None or b * h * q_len * k_len <= t.block_elements:
-        if not fused_pays(pos, q, k_len, p_drop, t):
+        if not fused_pays(scheme, q, k_len, p_drop, t):
             return None
-        rows = fused_rows(pos, t)
+        rows = fused_rows(scheme, t)
     else:
         rows = max(1, t.block_elements // (b * h * k_len))
         if rows >= q_len:
             return None
-        if torch.is_grad_enabled() and cpu_flash_wanted(pos, q, p_drop, t):  # training: causal blocks pay
-            if shares_parts(pos, bias) or pos.adds_values:
+        if torch.is_grad_enabled() and cpu_flash_wanted(scheme, q, p_drop, t):  # training: causal blocks pay
+            if shares_parts(scheme, bias) or scheme.adds_values:
                 # its batch rows run in chunks (shared parts, Shaw's): a block holds one chunk's rows
-                rows = max(1, t.block_elements // (batch_chunk(q, fused_rows(pos, t), k_len, t) * h * k_len))
-            rows = min(rows, fused_rows(pos, t))
+                rows = max(1, t.block_elements // (batch_chunk(q, fused_rows(scheme, t), k_len, t) * h * k_len))
+            rows = min(rows, fused_rows(scheme, t))
     return [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)]
 
 
@@ -272,17 +272,17 @@ def offset_selection(call: AttentionCall, t: AttentionTuning) -> Selection | Non
     (``offset_bias``: T5 and ALiBi over large windows of consecutive positions), or a non-causal one of batch 1 with
     learned values (T5's encoder; from batch 2 it takes ``cpu_whole_offsets``).  Each block of ``fused_block_rows``
     queries lays out its own rows of the bias for the keys it can see."""
-    pos, ctx, q, k_len, p_drop = call.pos, call.ctx, call.q, call.k.shape[2], call.p_drop
-    offset_bias = None if pos is None else pos.offset_bias
-    if offset_bias is None or ctx is None or not torch.is_grad_enabled():
+    scheme, prep, q, k_len, p_drop = call.scheme, call.prep, call.q, call.k.shape[2], call.p_drop
+    offset_bias = None if scheme is None else scheme.offset_bias
+    if offset_bias is None or prep is None or not torch.is_grad_enabled():
         return None
-    if flex_wanted(pos, False, p_drop, q.shape[2]) or not cpu_flash_wanted(pos, q, p_drop, t):
+    if flex_wanted(scheme, False, p_drop, q.shape[2]) or not cpu_flash_wanted(scheme, q, p_drop, t):
         return None
     b, h, q_len, _ = q.shape
     above = t.block_elements is not None and b * h * q_len * k_len > t.block_elements
-    if not above and not fused_pays(pos, q, k_len, p_drop, t):
+    if not above and not fused_pays(scheme, q, k_len, p_drop, t):
         return None
-    values = offset_bias(ctx)
+    values = offset_bias(prep)
     if values is None or not (call.path.causal_mask or (b == 1 and values.requires_grad)):  # see above
         return None
     chunk = batch_chunk(q, t.fused_block_rows, k_len, t) if values.requires_grad else b
@@ -290,13 +290,13 @@ def offset_selection(call: AttentionCall, t: AttentionTuning) -> Selection | Non
     return Selection("cpu_offsets", [(s, min(s + rows, q_len)) for s in range(0, q_len, rows)], chunk, values)
 
 
-def learned_offsets(pos, ctx, bias) -> torch.Tensor | None:
+def learned_offsets(scheme, prep, bias) -> torch.Tensor | None:
     """The values per offset ``(heads, q_len + k_len - 1)`` the whole ``bias`` was laid out from, where the scheme's
     context has them and they need a gradient (T5 over a large window of consecutive positions); else ``None``."""
-    offset_bias = pos.offset_bias
+    offset_bias = scheme.offset_bias
     if offset_bias is None or bias is None or not bias.requires_grad:
         return None
-    values = offset_bias(ctx)
+    values = offset_bias(prep)
     return values if values is not None and values.requires_grad else None
 
 
@@ -321,10 +321,10 @@ def sdpa(q, k, v, allowed, bias, path, scale: float, p_drop: float, tuning: Atte
                                           scale=scale)  # fmt: skip
 
 
-def explicit(q, k, v, allowed, bias, ctx, pos, layer: int, attn, scale: float, p_drop: float):
+def explicit(q, k, v, allowed, bias, prep, scheme, layer: int, attn, scale: float, p_drop: float):
     """The scores ``(q k^T + scores) * scale + bias``, masked, the softmax and the scheme's value term written out:
     ``(out, weights)``."""
-    extra = pos.scores(q, k, ctx, layer, attn) if pos is not None else None
+    extra = scheme.scores(q, k, prep, layer, attn) if scheme is not None else None
     s = q @ k.transpose(-1, -2)  # a fresh tensor: the in-place steps below save allocations
     if extra is not None:
         s.add_(extra)
@@ -336,23 +336,23 @@ def explicit(q, k, v, allowed, bias, ctx, pos, layer: int, attn, scale: float, p
     probs = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
     probs_d = F.dropout(probs, p_drop) if p_drop else probs
     out = probs_d @ v
-    if pos is not None and pos.adds_values:
-        out = out + pos.values(probs_d, ctx, layer)
+    if scheme is not None and scheme.adds_values:
+        out = out + scheme.values(probs_d, prep, layer)
     return out, probs
 
 
-def dense(q, k, v, allowed, bias, ctx, pos, layer: int, attn, path, scale: float, p_drop: float):
+def dense(q, k, v, allowed, bias, prep, scheme, layer: int, attn, path, scale: float, p_drop: float):
     """:func:`sdpa` where ``path`` is fused, else :func:`explicit`: ``(out, weights or None)``."""
     if path.fused:
         return sdpa(q, k, v, allowed, bias, path, scale, p_drop), None
-    return explicit(q, k, v, allowed, bias, ctx, pos, layer, attn, scale, p_drop)
+    return explicit(q, k, v, allowed, bias, prep, scheme, layer, attn, scale, p_drop)
 
 
-def _flash_mask(c: AttentionCall, q, allowed, bias, ctx, blocks=None):
+def _flash_mask(c: AttentionCall, q, allowed, bias, prep, blocks=None):
     """The fused CPU kernel with the score terms, bias and masks of ``q`` (all queries, or a block) as one float mask.
     ``blocks``: query ranges; each runs against the keys up to the last one its rows may see."""
     k_len = c.k.shape[2]
-    extra = c.pos.scores(q, c.k, ctx, c.layer, c.attn) if c.pos.adds_scores else None
+    extra = c.scheme.scores(q, c.k, prep, c.layer, c.attn) if c.scheme.adds_scores else None
     mask = extra.float().mul_(c.scale) if extra is not None else None
     if bias is not None:
         mask = bias.float() if mask is None else mask.add_(bias)
@@ -366,29 +366,29 @@ def _flash_mask(c: AttentionCall, q, allowed, bias, ctx, blocks=None):
 
 
 def _over_blocks(c: AttentionCall, blocks, attend) -> torch.Tensor:
-    """``attend(q_block, allowed_rows, bias_rows, ctx_block)`` over query ``blocks``, joined; each block checkpointed
+    """``attend(q_block, allowed_rows, bias_rows, prep_block)`` over query ``blocks``, joined; each block checkpointed
     (its scores recomputed in the backward pass, not kept) where a gradient flows."""
-    pos = c.pos
+    scheme = c.scheme
     remember = torch.is_grad_enabled() and (
         c.q.requires_grad or c.k.requires_grad or c.v.requires_grad
-        or any(p.requires_grad for p in (pos.parameters() if pos is not None else ()))
+        or any(p.requires_grad for p in (scheme.parameters() if scheme is not None else ()))
         or (c.bias is not None and c.bias.requires_grad)
     )  # fmt: skip
     outs = []
     for start, end in blocks:
         args = (c.q[:, :, start:end], mask_rows(c.allowed, start, end), mask_rows(c.bias, start, end),
-                pos.query_slice(c.ctx, start, end) if pos is not None else c.ctx)  # fmt: skip
+                scheme.query_slice(c.prep, start, end) if scheme is not None else c.prep)  # fmt: skip
         outs.append(checkpoint(attend, *args, use_reentrant=False) if remember else attend(*args))
     return torch.cat(outs, dim=2)
 
 
 def _run_dense(c: AttentionCall, s: Selection):
-    return dense(c.q, c.k, c.v, c.allowed, c.bias, c.ctx, c.pos, c.layer, c.attn, c.path, c.scale, c.p_drop)
+    return dense(c.q, c.k, c.v, c.allowed, c.bias, c.prep, c.scheme, c.layer, c.attn, c.path, c.scale, c.p_drop)
 
 
 def _run_blocks(c: AttentionCall, s: Selection):
-    def attend(q, allowed, bias, ctx):
-        return dense(q, c.k, c.v, allowed, bias, ctx, c.pos, c.layer, c.attn, c.path, c.scale, c.p_drop)[0]
+    def attend(q, allowed, bias, prep):
+        return dense(q, c.k, c.v, allowed, bias, prep, c.scheme, c.layer, c.attn, c.path, c.scale, c.p_drop)[0]
 
     return _over_blocks(c, s.blocks, attend), None
 
@@ -396,22 +396,22 @@ def _run_blocks(c: AttentionCall, s: Selection):
 def _run_flex(c: AttentionCall, s: Selection):
     from . import flex
 
-    return flex.flex_attend(c.pos, c.q, c.k, c.v, c.ctx, c.layer, c.attn, c.scale, c.allowed), None
+    return flex.flex_attend(c.scheme, c.q, c.k, c.v, c.prep, c.layer, c.attn, c.scale, c.allowed), None
 
 
 def _run_cpu_mask(c: AttentionCall, s: Selection):
-    return _flash_mask(c, c.q, c.allowed, c.bias, c.ctx, s.blocks), None
+    return _flash_mask(c, c.q, c.allowed, c.bias, c.prep, s.blocks), None
 
 
 def _run_cpu_mask_blocks(c: AttentionCall, s: Selection):
-    return _over_blocks(c, s.blocks, lambda q, allowed, bias, ctx: _flash_mask(c, q, allowed, bias, ctx)), None
+    return _over_blocks(c, s.blocks, lambda q, allowed, bias, prep: _flash_mask(c, q, allowed, bias, prep)), None
 
 
 def _run_cpu_values(c: AttentionCall, s: Selection):
-    kernel = for_class(VALUE_KERNELS, c.pos)
+    kernel = for_class(VALUE_KERNELS, c.scheme)
 
     def own(q, k, v, allowed):
-        return kernel(c.pos, q, k, v, c.ctx, c.layer, c.scale, allowed, s.blocks)
+        return kernel(c.scheme, q, k, v, c.prep, c.layer, c.scale, allowed, s.blocks)
 
     return in_batch_chunks(own, s.chunk, c.q, c.k, c.v, c.allowed), None
 
@@ -451,6 +451,6 @@ def attend(call: AttentionCall, tuning: AttentionTuning | None = None):
     return BACKENDS[selection.backend](call, selection)
 
 
-def scale_of(head_dim: int, pos) -> float:
+def scale_of(head_dim: int, scheme) -> float:
     """The scores' scale ``1 / sqrt(head_dim * score_terms)``."""
-    return 1.0 / math.sqrt(head_dim * (pos.score_terms if pos is not None else 1))
+    return 1.0 / math.sqrt(head_dim * (scheme.score_terms if scheme is not None else 1))

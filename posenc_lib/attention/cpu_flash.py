@@ -61,7 +61,7 @@ def supported(q: torch.Tensor, dropout_p: float) -> bool:
     )  # fmt: skip
 
 
-def _flushing() -> bool:
+def flushing() -> bool:
     """Whether this thread flushes denormal floats to zero now (``torch`` has no getter: a denormal product tells)."""
     return bool((torch.tensor([2.0**-120], dtype=torch.float32) * 2.0**-10).item() == 0.0)
 
@@ -75,7 +75,7 @@ _GOMP_PARALLEL = _UNSET
 _TEAM_MODE = [False]
 
 
-def _gomp_parallel():
+def gomp_parallel():
     """``GOMP_parallel`` of the OpenMP library in torch's wheel (the one its operators use), or None."""
     global _GOMP_PARALLEL
     if _GOMP_PARALLEL is _UNSET:
@@ -101,7 +101,7 @@ def _set_mode(on: bool) -> bool:
     """Set the mode in this thread and in torch's OpenMP workers; False where the CPU has no such mode."""
     if not torch.set_flush_denormal(on):
         return False
-    threads, parallel = torch.get_num_threads(), _gomp_parallel()
+    threads, parallel = torch.get_num_threads(), gomp_parallel()
     if threads > 1 and parallel is not None:
         _TEAM_MODE[0] = on
         parallel(ctypes.cast(_set_in_this_thread, ctypes.c_void_p), None, threads, 0)
@@ -112,7 +112,7 @@ def _set_mode(on: bool) -> bool:
 def flush_denormals():
     """Flush denormal floats to zero inside the block, in this thread and in torch's OpenMP workers; after it,
     the mode this thread had before, everywhere."""
-    before = _flushing()
+    before = flushing()
     if not _set_mode(True):  # a CPU without the mode
         yield
         return

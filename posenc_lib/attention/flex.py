@@ -102,8 +102,8 @@ def _mask_parts(allowed: torch.Tensor | None, q_len: int, k_len: int, device):
     return apply, block
 
 
-#: FlexAttention forms registered by scheme class (:func:`register`): ``score_mod(pos, q, k, ctx, layer, attn, scale)
-#: -> (b, h, i, j) -> extra`` and ``value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, lse)``
+#: FlexAttention forms registered by scheme class (:func:`register`): ``score_mod(scheme, q, k, prep, layer, attn, scale)
+#: -> (b, h, i, j) -> extra`` and ``value_term(scheme, q, k, v, prep, layer, scale, score_mod, block, allowed, lse)``
 SCORE_MODS: dict[type, object] = {}
 VALUE_TERMS: dict[type, object] = {}
 
@@ -119,37 +119,37 @@ def register(scheme_class: type, *, score_mod=None, value_term=None) -> None:
         VALUE_TERMS[scheme_class] = value_term
 
 
-def scheme_score_mod(pos, q, k, ctx, layer, attn, scale):
-    """``(b, h, i, j) -> extra`` (already scaled) for ``pos``'s score terms and bias, or ``None``: the form registered
+def scheme_score_mod(scheme, q, k, prep, layer, attn, scale):
+    """``(b, h, i, j) -> extra`` (already scaled) for ``scheme``'s score terms and bias, or ``None``: the form registered
     for its class, else its bias (a bias-only scheme) or its written-out score terms (a score-only scheme)."""
-    own = for_class(SCORE_MODS, pos)
+    own = for_class(SCORE_MODS, scheme)
     if own is not None:
-        return own(pos, q, k, ctx, layer, attn, scale)
+        return own(scheme, q, k, prep, layer, attn, scale)
     b_, h_, lq, _ = q.shape
     lk = k.shape[2]
-    if pos.adds_bias and not pos.adds_scores:
-        bias = pos.bias(ctx, layer)
+    if scheme.adds_bias and not scheme.adds_scores:
+        bias = scheme.bias(prep, layer)
         if bias is None:
             return None
         bias = bias.expand(bias.shape[0], h_, lq, lk)
         per_batch = bias.shape[0] > 1
         return lambda b, h, i, j: bias[b if per_batch else 0, h, i, j].to(torch.float32)
-    if pos.adds_scores and not (pos.adds_bias or pos.adds_values):
+    if scheme.adds_scores and not (scheme.adds_bias or scheme.adds_values):
         # any other score scheme (CoPE, whose positions depend on a whole row of gates): its written-out
         # terms, indexed (no saving over the explicit path, but the same kernel call)
-        extra = pos.scores(q, k, ctx, layer, attn).float() * scale
+        extra = scheme.scores(q, k, prep, layer, attn).float() * scale
         return lambda b, h, i, j: extra[b if extra.shape[0] > 1 else 0, h, i, j]
     registered = ", ".join(sorted(c.__name__ for c in SCORE_MODS)) or "none"
     raise ValueError(
-        f"no FlexAttention form for scheme {type(pos).__name__} ({getattr(pos, 'name', None)!r}); valid choices: "
+        f"no FlexAttention form for scheme {type(scheme).__name__} ({getattr(scheme, 'name', None)!r}); valid choices: "
         f"a registered class ({registered}), a bias-only scheme, or a scheme with score terms only"
     )
 
 
-def flex_attend(pos, q, k, v, ctx, layer, attn, scale, allowed):
+def flex_attend(scheme, q, k, v, prep, layer, attn, scale, allowed):
     """Attention output ``(B, H, Lq, dh)`` through FlexAttention; equal to the explicit path."""
     lq, lk = q.shape[2], k.shape[2]
-    extra = scheme_score_mod(pos, q, k, ctx, layer, attn, scale)
+    extra = scheme_score_mod(scheme, q, k, prep, layer, attn, scale)
     masked, block = _mask_parts(allowed, lq, lk, q.device)
 
     def score_mod(s, b, h, i, j):
@@ -157,11 +157,11 @@ def flex_attend(pos, q, k, v, ctx, layer, attn, scale, allowed):
             s = s + extra(b, h, i, j)
         return masked(s, b, h, i, j)
 
-    if not pos.adds_values:
+    if not scheme.adds_values:
         return call(q, k, v, score_mod, block, scale, False)
-    value_term = for_class(VALUE_TERMS, pos)
+    value_term = for_class(VALUE_TERMS, scheme)
     if value_term is None:
-        raise ValueError(f"no FlexAttention value term for scheme {type(pos).__name__}; register one with "
+        raise ValueError(f"no FlexAttention value term for scheme {type(scheme).__name__}; register one with "
                          "flex.register(scheme_class, value_term=...)")
     out, lse = call(q, k, v, score_mod, block, scale, True)
-    return out + value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, lse)
+    return out + value_term(scheme, q, k, v, prep, layer, scale, score_mod, block, allowed, lse)

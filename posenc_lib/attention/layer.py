@@ -15,8 +15,8 @@ hook                what it does                                used by
 
 Scores are ``(q k^T + scores) / sqrt(head_dim * score_terms) + bias``; DeBERTa
 sets ``score_terms = 3`` (its 1/sqrt(3d) scale).  ``prepare`` runs once per
-forward pass of a stack and returns a context (relative-index matrices, the T5
-bias, RoPE's cos/sin) that every layer of the stack reuses.
+forward pass of a stack and returns ``prep``, a dict (relative-index matrices, the T5
+bias, RoPE's cos/sin) that every layer of the stack reuses and every hook takes.
 
 How a call is computed is no concern of the hooks: :meth:`MultiHeadAttention.forward` projects, rotates and
 caches, and hands the call to :mod:`posenc_lib.attention.backends`, where one function picks a backend (the fused
@@ -92,7 +92,7 @@ class PositionScheme(nn.Module):
 
     name = "none"
     #: where the position enters: "input", "q,k", "scores", "scores+values" or "nowhere"
-    where = "nowhere"
+    enters = "nowhere"
     #: number of score terms that share the 1/sqrt(head_dim * score_terms) scale
     score_terms = 1
     #: what the scheme adds inside attention, read by :func:`choose_attention_path`; a subclass
@@ -103,18 +103,18 @@ class PositionScheme(nn.Module):
     #: the number of positions the scheme can code (a learned table's rows), or None for any
     max_positions: int | None = None
     #: The optional hooks below serve the fast paths alone (:mod:`posenc_lib.kernels`); ``None`` where a scheme has none.
-    #: ``score_parts(q, ctx, layer, attn)`` and ``scores_from_parts(q, k, parts, ctx, scale)``: the small tensors the
+    #: ``score_parts(q, prep, layer, attn)`` and ``scores_from_parts(q, k, parts, prep, scale)``: the small tensors the
     #: score terms are built from (DeBERTa's projected tables, XLNet's projected distances, CoPE's table), and the
     #: terms built from them, so that a block's terms can be rebuilt in the backward pass instead of kept
     score_parts = scores_from_parts = None
-    #: ``offset_bias(ctx)``: the bias as one value per offset ``(heads, q_len + k_len - 1)`` where the context has it
-    #: (T5, ALiBi over consecutive positions), else ``None``; ``offset_runs(ctx)``: ``(a, z)``, offsets ``0:a`` and
+    #: ``offset_bias(prep)``: the bias as one value per offset ``(heads, q_len + k_len - 1)`` where the context has it
+    #: (T5, ALiBi over consecutive positions), else ``None``; ``offset_runs(prep)``: ``(a, z)``, offsets ``0:a`` and
     #: ``z:`` sharing one value each (T5's clipped buckets)
     offset_bias = offset_runs = None
-    #: ``block_sides(ctx)`` and ``key_range(ctx, start, end)``, with ``side_terms``: the keys of a block beyond the
+    #: ``block_sides(prep)`` and ``key_range(prep, start, end)``, with ``side_terms``: the keys of a block beyond the
     #: clipping distance of all its rows, and the context of keys ``start:end``
     block_sides = key_range = None
-    #: ``block_parts(parts, ctx, start, end, n)``, where a scheme defines it: query block ``start:end``'s share (against
+    #: ``block_parts(parts, prep, start, end, n)``, where a scheme defines it: query block ``start:end``'s share (against
     #: keys ``0:n``) of the parts ``score_parts`` made for the whole call (the same parts, or rows of them); the fused
     #: CPU path then makes the parts once per layer and runs all of a layer's blocks in one node
     block_parts = None
@@ -148,12 +148,13 @@ class PositionScheme(nn.Module):
         return None
 
     def prepare(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> dict[str, Any]:
-        """Per-forward context shared by all layers of the stack."""
+        """``prep``: what every layer of the stack reuses in one forward pass (the positions, and what the scheme
+        builds from them)."""
         check_positions(q_pos, k_pos)
         return {"q_pos": q_pos, "k_pos": k_pos}
 
     def prepare_step(self, q_pos: torch.Tensor, k_pos: torch.Tensor, state: dict) -> dict[str, Any]:
-        """The context of a decoding step with a cache: :meth:`prepare`'s, plus ``state`` as ``"step_state"``.
+        """The ``prep`` of a decoding step with a cache: :meth:`prepare`'s, plus ``state`` as ``"step_state"``.
 
         ``state`` lives as long as the cache: what a scheme keeps in it (tables that depend only on its
         parameters and distances) is built at the first step and reused.  A scheme whose one-query step
@@ -161,19 +162,19 @@ class PositionScheme(nn.Module):
         """
         return {**self.prepare(q_pos, k_pos), "step_state": state}
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, ctx: dict, layer: int):
-        """Rotate ``q`` and the *new* keys ``k`` (both at positions ``ctx['q_pos']``)."""
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, prep: dict, layer: int):
+        """Rotate ``q`` and the *new* keys ``k`` (both at positions ``prep['q_pos']``)."""
         return q, k
 
-    def bias(self, ctx: dict, layer: int) -> torch.Tensor | None:
+    def bias(self, prep: dict, layer: int) -> torch.Tensor | None:
         """Content-free score bias broadcastable to ``(batch, heads, q_len, k_len)``."""
         return None
 
-    def scores(self, q: torch.Tensor, k: torch.Tensor, ctx: dict, layer: int, attn: "MultiHeadAttention"):
+    def scores(self, q: torch.Tensor, k: torch.Tensor, prep: dict, layer: int, attn: "MultiHeadAttention"):
         """Extra (unscaled) score terms ``(batch, heads, q_len, k_len)``, or ``None``."""
         return None
 
-    def values(self, probs: torch.Tensor, ctx: dict, layer: int) -> torch.Tensor | None:
+    def values(self, probs: torch.Tensor, prep: dict, layer: int) -> torch.Tensor | None:
         """Extra output term ``(batch, heads, q_len, head_dim)`` from the attention weights."""
         return None
 
@@ -184,17 +185,17 @@ class PositionScheme(nn.Module):
             type(self).query_slice is not PositionScheme.query_slice
         )
 
-    def query_slice(self, ctx: dict, start: int, end: int) -> dict:
-        """The context for query rows ``start:end`` of ``ctx`` (attention over query blocks).
+    def query_slice(self, prep: dict, start: int, end: int) -> dict:
+        """The ``prep`` of query rows ``start:end`` of ``prep`` (attention over query blocks).
 
         A bias needs nothing here (the bias tensor itself is sliced); a scheme with score or
         value terms overrides this to slice its relative-index structures (until it does,
         its attention runs in one piece).
         """
-        return {**ctx, "q_pos": ctx["q_pos"][start:end]}
+        return {**prep, "q_pos": prep["q_pos"][start:end]}
 
-    def key_slice(self, ctx: dict, k_end: int) -> dict | None:
-        """The context of ``ctx`` (one query block's) for keys ``0:k_end`` only, or ``None`` if the scheme
+    def key_slice(self, prep: dict, k_end: int) -> dict | None:
+        """The ``prep`` of ``prep`` (one query block's) for keys ``0:k_end`` only, or ``None`` if the scheme
         cannot drop keys.  A causal block needs no key after its last query: its score terms are built
         for those keys alone (:func:`~posenc_lib.attention.blocks.last_key`)."""
         return None
@@ -285,8 +286,8 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding_mask: torch.Tensor | None = None,
         causal: bool = False,
-        pos: PositionScheme | None = None,
-        ctx: dict | None = None,
+        scheme: PositionScheme | None = None,
+        prep: dict | None = None,
         layer: int = 0,
         cache: dict | None = None,
         need_weights: bool = False,
@@ -298,29 +299,29 @@ class MultiHeadAttention(nn.Module):
         Returns ``(batch, q_len, d_model)``, and the attention weights if ``need_weights``.
         """
         if cache is None:  # a cached call is a decoding step: its model checked the inputs at the first step
-            if pos is not None and not isinstance(pos, PositionScheme):
-                raise TypeError(f"pos must be a PositionScheme (make_scheme(...)) or None, got {type(pos).__name__}")
+            if scheme is not None and not isinstance(scheme, PositionScheme):
+                raise TypeError(f"scheme must be a PositionScheme (make_scheme(...)) or None, got {type(scheme).__name__}")
             check_attention_call(self.d_model, x, kv, key_padding_mask, causal, need_weights, layer,
-                                 None if pos is None else pos.num_layers)
+                                 None if scheme is None else scheme.num_layers)
         b, q_len, _ = x.shape
         want_weights = need_weights or self.keep_weights
         if kv is None and cache is not None and not want_weights and causal and (
-                takes_self_step(self, x, key_padding_mask, pos, cache, backends.TUNING.block_elements)):
-            path = choose_attention_path(pos, q_len=1, k_len=cached_len(cache) + 1, causal=True, padded=False)
-            return self_attention_step(self, x, pos, ctx, layer, cache, path)  # a decoding step (attention/step.py)
-        q, k, v = self._project(x, kv, pos, ctx, layer, cache)
+                takes_self_step(self, x, key_padding_mask, scheme, cache, backends.TUNING.block_elements)):
+            path = choose_attention_path(scheme, q_len=1, k_len=cached_len(cache) + 1, causal=True, padded=False)
+            return self_attention_step(self, x, scheme, prep, layer, cache, path)  # a decoding step (attention/step.py)
+        q, k, v = self._project(x, kv, scheme, prep, layer, cache)
         k_len = k.shape[2]
         if kv is not None and cache is not None and not want_weights and cross_step(q):
             out = cross_attention(q, cache, key_padding_mask, 1.0 / math.sqrt(self.head_dim))
             return self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
-        path = choose_attention_path(pos, q_len=q_len, k_len=k_len, causal=causal, padded=key_padding_mask is not None,
+        path = choose_attention_path(scheme, q_len=q_len, k_len=k_len, causal=causal, padded=key_padding_mask is not None,
                                      need_weights=want_weights)  # fmt: skip
-        q_pos, k_pos = (ctx["q_pos"], ctx["k_pos"]) if ctx is not None else (None, None)
+        q_pos, k_pos = (prep["q_pos"], prep["k_pos"]) if prep is not None else (None, None)
         if causal and q_pos is None:
             q_pos, k_pos = torch.arange(k_len - q_len, k_len, device=x.device), torch.arange(k_len, device=x.device)
         allowed = merge_masks(q_len, k_len, causal=path.causal_mask, q_pos=q_pos, k_pos=k_pos,
                               key_padding_mask=key_padding_mask)  # fmt: skip
-        call = AttentionCall(q, k, v, allowed, pos, ctx, layer, self, path, scale_of(self.head_dim, pos),
+        call = AttentionCall(q, k, v, allowed, scheme, prep, layer, self, path, scale_of(self.head_dim, scheme),
                              self.dropout if self.training else 0.0, want_weights)  # fmt: skip
         out, probs = attend(call)
         out = self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
@@ -328,7 +329,7 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = probs.detach()
         return (out, probs) if need_weights else out
 
-    def _project(self, x, kv, pos, ctx, layer: int, cache):
+    def _project(self, x, kv, scheme, prep, layer: int, cache):
         """``(q, k, v)``, each ``(batch, heads, len, head_dim)``: self-attention's rotated by the scheme and its keys
         and values appended to the cache; cross-attention's keys and values projected once per cache (no positions)."""
         qkv = self.step_qkv(x) if kv is None and self.step_qkv is not None else None
@@ -339,8 +340,8 @@ class MultiHeadAttention(nn.Module):
         if kv is None:  # self-attention
             if qkv is None:
                 k, v = self.split(self.k_proj(x)), self.split(self.v_proj(x))
-            if pos is not None:
-                q, k = pos.rotate(q, k, ctx, layer)
+            if scheme is not None:
+                q, k = scheme.rotate(q, k, prep, layer)
             if cache is not None:
                 k, v = append_to_cache(cache, k, v)
         elif cache is not None and "k" in cache:  # cross-attention: the memory's keys and values, kept

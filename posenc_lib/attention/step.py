@@ -40,11 +40,11 @@ def distance_table(state: dict, key, k_len: int, build, device) -> torch.Tensor:
     return table
 
 
-def takes_self_step(attn, x: torch.Tensor, key_padding_mask, pos, cache: dict, block_elements) -> bool:
+def takes_self_step(attn, x: torch.Tensor, key_padding_mask, scheme, cache: dict, block_elements) -> bool:
     """A causal self-attention call that :func:`self_attention_step` computes as ``forward`` would: one query per
     sequence, float32 on CPU, no gradient, no padding, a position scheme, and scores within ``block_elements``
     (:attr:`~posenc_lib.attention.backends.AttentionTuning.block_elements`; a longer call is split into blocks)."""
-    if x.shape[1] != 1 or key_padding_mask is not None or pos is None or torch.is_grad_enabled():
+    if x.shape[1] != 1 or key_padding_mask is not None or scheme is None or torch.is_grad_enabled():
         return False
     if x.dtype != torch.float32 or x.device.type != "cpu":
         return False
@@ -52,8 +52,8 @@ def takes_self_step(attn, x: torch.Tensor, key_padding_mask, pos, cache: dict, b
     return block_elements is None or x.shape[0] * attn.n_heads * k_len <= block_elements
 
 
-def self_attention_step(attn, x: torch.Tensor, pos, ctx: dict, layer: int, cache: dict, path) -> torch.Tensor:
-    """``attn(x, causal=True, pos=pos, ctx=ctx, layer=layer, cache=cache)`` for a call :func:`takes_self_step`
+def self_attention_step(attn, x: torch.Tensor, scheme, prep: dict, layer: int, cache: dict, path) -> torch.Tensor:
+    """``attn(x, causal=True, scheme=scheme, prep=prep, layer=layer, cache=cache)`` for a call :func:`takes_self_step`
     accepts; ``path``: the call's :func:`~posenc_lib.attention.layer.choose_attention_path` (one query needs no mask)."""
     b = x.shape[0]
     qkv = attn.step_qkv(x) if attn.step_qkv is not None else None
@@ -61,10 +61,10 @@ def self_attention_step(attn, x: torch.Tensor, pos, ctx: dict, layer: int, cache
         q, k, v = (attn.split(t) for t in qkv.chunk(3, dim=-1))
     else:
         q, k, v = attn.split(attn.q_proj(x)), attn.split(attn.k_proj(x)), attn.split(attn.v_proj(x))
-    q, k = pos.rotate(q, k, ctx, layer)
+    q, k = scheme.rotate(q, k, prep, layer)
     k, v = append_to_cache(cache, k, v)
-    scale = 1.0 / math.sqrt(attn.head_dim * pos.score_terms)
-    out, _ = dense(q, k, v, None, pos.bias(ctx, layer), ctx, pos, layer, attn, path, scale, 0.0)
+    scale = 1.0 / math.sqrt(attn.head_dim * scheme.score_terms)
+    out, _ = dense(q, k, v, None, scheme.bias(prep, layer), prep, scheme, layer, attn, path, scale, 0.0)
     return attn.out_proj(out.transpose(1, 2).reshape(b, 1, attn.d_model))
 
 

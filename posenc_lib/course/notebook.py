@@ -303,12 +303,13 @@ RESULT_COMMANDS = {
         "decode_profile_previous_run.json", "decode_second_run.json", "train_L1024_blocks_2threads.json",
         "train_full_keys.json", "train_previous_run.json")},
 }
-_NO_MATCH = object()
+#: what :func:`entry_for` returns for a path no entry of :data:`RESULT_COMMANDS` holds
+NO_MATCH = object()
 
 
-def _entry_for(path: Path):
+def entry_for(path: Path):
     """The entry of :data:`RESULT_COMMANDS` whose folder (or file) holds ``path`` (the longest match), or
-    ``_NO_MATCH``."""
+    ``NO_MATCH``."""
     parts = Path(os.path.normpath(os.path.abspath(path))).parts
     best = None
     for folder, command in RESULT_COMMANDS.items():
@@ -316,13 +317,13 @@ def _entry_for(path: Path):
         for i in range(len(parts) - len(key) + 1):
             if parts[i : i + len(key)] == key and (best is None or len(key) > len(best[0])):
                 best = (key, command)
-    return best[1] if best else _NO_MATCH
+    return best[1] if best else NO_MATCH
 
 
 def _command_for(path: Path) -> str | None:
     """The command of :data:`RESULT_COMMANDS` whose folder holds ``path`` (the longest match), if any."""
-    entry = _entry_for(path)
-    return None if entry is _NO_MATCH else entry
+    entry = entry_for(path)
+    return None if entry is NO_MATCH else entry
 
 
 def results_file(path, command: str | None = None) -> Path:
@@ -337,7 +338,7 @@ def results_file(path, command: str | None = None) -> Path:
         return path
     command = command or _command_for(path)
     what = "is a folder, not a results file" if path.is_dir() else "does not exist yet"
-    if not command and _entry_for(path) is None:
+    if not command and entry_for(path) is None:
         raise FileNotFoundError(f"{path} {what.removesuffix(' yet')}: it records an earlier measurement, which no "
                                 f"command makes again; restore the committed file (git checkout -- {path})")
     how = (f"make it with `{command}` (from the repository root; see the README's \"Experiments\")"

@@ -380,7 +380,7 @@ def _xlnet_scores_translation_invariant() -> bool:
 
     scheme, attn = make_scheme("xlnet", 16, 2, 1), MultiHeadAttention(16, 2)
     x = torch.randn(1, 6, 16)
-    w = [attn(x, pos=scheme, ctx=scheme.prepare(torch.arange(s, s + 6), torch.arange(s, s + 6)), need_weights=True)[1]
+    w = [attn(x, scheme=scheme, prep=scheme.prepare(torch.arange(s, s + 6), torch.arange(s, s + 6)), need_weights=True)[1]
          for s in (0, 300)]
     return torch.allclose(w[0], w[1], atol=1e-6)
 

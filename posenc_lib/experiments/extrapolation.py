@@ -381,13 +381,13 @@ def make_model(pe: str, cfg: ExtrapolationConfig) -> Seq2SeqTransformer | Causal
     if cfg.arch == "decoder":
         model = CausalLM(cfg.vocab_size, pe, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=2 * cfg.num_layers,
                          dim_feedforward=cfg.dim_feedforward, **extra)  # fmt: skip
-        schemes = [model.pos]
+        schemes = [model.scheme]
     else:
         model = build_model(
             pe, cfg.vocab_size, d_model=cfg.d_model, n_heads=cfg.n_heads, num_layers=cfg.num_layers,
             dim_feedforward=cfg.dim_feedforward, dropout=cfg.dropout, pad_id=PAD, **extra,
         )  # fmt: skip
-        schemes = [model.enc_pos, model.dec_pos]
+        schemes = [model.enc_scheme, model.dec_scheme]
     if randomized:
         for scheme in schemes:
             _randomize(scheme)
@@ -748,7 +748,7 @@ def check_record(rec: dict[str, Any]) -> None:
         raise ValueError(f"result record is not a {SCHEMA} record: {why}")
 
 
-def _finish(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool) -> str:
+def train_and_write(pe: str, cfg: ExtrapolationConfig, seed: int, out: str | Path, progress: bool) -> str:
     """Train, evaluate and write one result file; returns a one-line report (also the worker of ``--jobs``)."""
     rec = run_one(pe, cfg, seed, progress=progress)
     check_record(rec)
@@ -783,7 +783,7 @@ def run_all(cfg: ExtrapolationConfig, pes: Sequence[str], seeds: Sequence[int], 
     seeds = list(dict.fromkeys(int(s) for s in seeds))  # a scheme or seed named twice is trained once
     pes = list(dict.fromkeys(run_name(p) for p in pes))
     # one process: a bar over each model's updates; worker processes: one bar over the models
-    cells = [runner.Cell(result_path(out, pe, s), _finish, (pe, cfg, s, out, progress and jobs == 1))
+    cells = [runner.Cell(result_path(out, pe, s), train_and_write, (pe, cfg, s, out, progress and jobs == 1))
              for pe in pes for s in seeds]  # fmt: skip
     runner.run_grid(cells, out=out, schema=RECORDS, config=asdict(cfg), jobs=jobs, log=log,
                     progress=progress and jobs > 1)

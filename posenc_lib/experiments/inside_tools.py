@@ -213,7 +213,7 @@ def queries_and_keys(model: CausalLM, tokens: torch.Tensor, *, rotated: bool = F
     pairs = list(zip(got[0::2], got[1::2]))
     if rotated:
         pos = torch.arange(tokens.shape[1])
-        pairs = [scheme.rotate(q, k, scheme.prepare(pos, pos), index) for (q, k), (scheme, index) in zip(pairs, model.layer_pos)]
+        pairs = [scheme.rotate(q, k, scheme.prepare(pos, pos), index) for (q, k), (scheme, index) in zip(pairs, model.scheme_per_layer)]
     return pairs
 
 
@@ -271,14 +271,14 @@ class BandRoPE(RotaryScheme):
         self.pairs, self.mode = tuple(pairs), mode
 
     def prepare(self, q_pos, k_pos):
-        ctx = super().prepare(q_pos, k_pos)
+        prep = super().prepare(q_pos, k_pos)
         if self.mode == "freeze":
-            ctx["cos"] = ctx["cos"].masked_fill(self.band, 1.0)
-            ctx["sin"] = ctx["sin"].masked_fill(self.band, 0.0)
-        return ctx
+            prep["cos"] = prep["cos"].masked_fill(self.band, 1.0)
+            prep["sin"] = prep["sin"].masked_fill(self.band, 0.0)
+        return prep
 
-    def rotate(self, q, k, ctx, layer):
-        q, k = super().rotate(q, k, ctx, layer)
+    def rotate(self, q, k, prep, layer):
+        q, k = super().rotate(q, k, prep, layer)
         if self.mode == "drop":
             q, k = q.masked_fill(self.band, 0.0), k.masked_fill(self.band, 0.0)
         return q, k
@@ -352,10 +352,10 @@ def first_token_swaps(model: CausalLM, tokens: torch.Tensor, filler: int) -> dic
 
 
 def _check_streamable(model: CausalLM) -> None:
-    for scheme, _ in model.layer_pos:
-        if scheme.where == "input" or scheme.adds_scores or scheme.adds_values:
+    for scheme, _ in model.scheme_per_layer:
+        if scheme.enters == "input" or scheme.adds_scores or scheme.adds_values:
             raise ValueError(f"the rolling cache here handles schemes that rotate q, k or add a bias (rope, alibi, "
-                             f"none); {scheme.name!r} enters at {scheme.where!r}")  # fmt: skip
+                             f"none); {scheme.name!r} enters at {scheme.enters!r}")  # fmt: skip
     if not model.causal:
         raise ValueError("a rolling cache needs a causal model (MaskedLM sees the future)")
 
@@ -386,7 +386,7 @@ def stream_nll(model: CausalLM, ids: torch.Tensor, *, cache: int | None, sinks: 
     nll = torch.zeros(ids.shape[1] - 1, dtype=torch.float64)
     for t in range(ids.shape[1] - 1):
         x = model.embed(ids[:, t : t + 1]) * math.sqrt(d)  # (streams, 1, d)
-        for li, (block, (scheme, index)) in enumerate(zip(model.blocks, model.layer_pos)):
+        for li, (block, (scheme, index)) in enumerate(zip(model.blocks, model.scheme_per_layer)):
             attn = block.attn
             h = block.norm1(x)
             q, k, v = attn.split(attn.q_proj(h)), attn.split(attn.k_proj(h)), attn.split(attn.v_proj(h))
@@ -398,10 +398,10 @@ def stream_nll(model: CausalLM, ids: torch.Tensor, *, cache: int | None, sinks: 
             n = keys[li].shape[2]
             slots = torch.arange(n)
             _, kr = scheme.rotate(keys[li], keys[li], scheme.prepare(slots, slots), index)
-            ctx = scheme.prepare(slots[-1:], slots)
-            qr, _ = scheme.rotate(q, q, ctx, index)
+            prep = scheme.prepare(slots[-1:], slots)
+            qr, _ = scheme.rotate(q, q, prep, index)
             s = (qr @ kr.transpose(-1, -2)) / math.sqrt(attn.head_dim)
-            bias = scheme.bias(ctx, index)
+            bias = scheme.bias(prep, index)
             if bias is not None:
                 s = s + bias
             out = torch.softmax(s, dim=-1) @ values[li]

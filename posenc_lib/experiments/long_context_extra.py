@@ -67,7 +67,7 @@ def run(pe: str, seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     extra = {"vocab_size": len(vocab)}
     if pe == "t5":
         extra["t5_bias_table"] = [[round(float(v), 5) for v in row]
-                                  for row in model.pos.relative_attention_bias.weight.detach()]
+                                  for row in model.scheme.relative_attention_bias.weight.detach()]
     rec = charlm.record("pretrain", pe, seed, cfg, model, losses, seconds, evals, **extra)
     atomic_write_json(path, rec)
     print(f"done {pe}: {seconds:.0f} s, " + charlm.ppl_line(evals), flush=True)
@@ -101,9 +101,9 @@ def t5_ablation(seed: int = 0, cfg: longctx.LongContextConfig = longctx.COURSE,
     losses = charlm.train_steps(model, train_ids, length=cfg.train_len, batch=cfg.batch_size, steps=cfg.steps,
                                  lr=cfg.lr, warmup=cfg.warmup, grad_clip=cfg.grad_clip, seed=seed)
     seconds = time.perf_counter() - t0
-    table = model.pos.relative_attention_bias.weight                       # (num_buckets, heads)
-    seen = trained_buckets(cfg, model.pos.num_buckets, model.pos.max_distance)
-    unseen = [b for b in range(model.pos.num_buckets) if b not in seen]
+    table = model.scheme.relative_attention_bias.weight                    # (num_buckets, heads)
+    seen = trained_buckets(cfg, model.scheme.num_buckets, model.scheme.max_distance)
+    unseen = [b for b in range(model.scheme.num_buckets) if b not in seen]
     committed = Path(out) / f"t5_seed{seed}.json"
     diff = None
     if committed.exists():

@@ -146,7 +146,7 @@ def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int,
     last = room if n <= L else room - L
     if last < 0:
         raise ValueError(f"n={n} is too short to plant the key more than L={L} characters back")
-    rows, where, dist = [], [], []
+    rows, key_at, dist = [], [], []
     for _ in range(trials):
         key = "".join(str(d) for d in torch.randint(0, 10, (KEY_DIGITS,), generator=g).tolist())
         pos = int(torch.randint(0, last + 1, (1,), generator=g))
@@ -155,9 +155,9 @@ def passkey_batch(vocab, eval_text: str, n: int, L: int, trials: int,
         text = filler[:pos] + NEEDLE.format(key=key) + filler[pos:] + QUESTION + key
         assert len(text) == n
         rows.append(vocab.encode(text))
-        where.append(list(range(n - KEY_DIGITS - 1, n - 1)))
+        key_at.append(list(range(n - KEY_DIGITS - 1, n - 1)))
         dist.append((n - KEY_DIGITS) - (pos + len(QUESTION)))  # the needle's key starts after its QUESTION-long prefix
-    return torch.stack(rows), torch.tensor(where), dist
+    return torch.stack(rows), torch.tensor(key_at), dist
 
 
 @torch.no_grad()
@@ -167,12 +167,12 @@ def passkey(model, vocab, eval_text: str, lengths: Sequence[int], L: int, trials
     model.eval()
     out = []
     for n in lengths:
-        ids, where, dist = passkey_batch(vocab, eval_text, n, L, trials, seed + n)
+        ids, key_at, dist = passkey_batch(vocab, eval_text, n, L, trials, seed + n)
         hits = []
         for i in range(0, trials, 32):
             logits = model(ids[i : i + 32])
-            pred = logits.argmax(-1).gather(1, where[i : i + 32])
-            hits.append(pred == ids[i : i + 32].gather(1, where[i : i + 32] + 1))
+            pred = logits.argmax(-1).gather(1, key_at[i : i + 32])
+            hits.append(pred == ids[i : i + 32].gather(1, key_at[i : i + 32] + 1))
         hit = torch.cat(hits)
         out.append({"length": n, "retrieved": round(float(hit.all(1).float().mean()), 4),
                     "digits": round(float(hit.float().mean()), 4), "trials": trials,
@@ -215,7 +215,7 @@ def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> st
     rec = {"schema": SCHEMA, "kind": "readings", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "trials": trials, "matched": matched, "fixed": fixed, "retrained_seconds": seconds,
            "eval_seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
-    atomic_write_json(_path(out, "readings", seed), rec)
+    atomic_write_json(result_path(out, "readings", seed), rec)
     return f"done readings seed {seed}: " + _line(matched)
 
 
@@ -263,7 +263,7 @@ def finetune_curve(method: str, seed: int, cfg: lc.LongContextConfig, out, ckpt,
     body = _curve(method, seed, cfg, ckpt, trials, points, length=cfg.long_len, batch=cfg.finetune_batch,
                   factor=cfg.factor)  # fmt: skip
     rec = {"schema": SCHEMA, "kind": "finetune", **body}
-    atomic_write_json(_path(out, f"ft-{method}", seed), rec)
+    atomic_write_json(result_path(out, f"ft-{method}", seed), rec)
     return _done(f"ft-{method}", seed, rec)
 
 
@@ -283,7 +283,7 @@ def control_curve(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, tr
     if name == "plain-64":
         def sliding(model, eval_ids):
             nll = sliding_window.sliding_nll(model, eval_ids, cfg.long_len, cfg.train_len)
-            return {"sliding": sliding_window._row(cfg.long_len, nll)}
+            return {"sliding": sliding_window.nll_row(cfg.long_len, nll)}
 
         body = _curve("none", seed, cfg, ckpt, trials, points, length=cfg.train_len, batch=control_batch(cfg),
                       factor=1.0, after=sliding)  # fmt: skip
@@ -295,7 +295,7 @@ def control_curve(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, tr
     else:
         raise ValueError(f"unknown control {name!r}; valid controls: {', '.join(CONTROLS)}")
     rec = {"schema": SCHEMA, "kind": "control", "name": name, **body}
-    atomic_write_json(_path(out, f"ft-{name}", seed), rec)
+    atomic_write_json(result_path(out, f"ft-{name}", seed), rec)
     line = _done(f"ft-{name}", seed, rec)
     return line + (f"; sliding window at {cfg.long_len}: {rec['sliding']['ppl']:.2f}" if "sliding" in rec else "")
 
@@ -313,7 +313,7 @@ def readings_extra(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int)
     rec = {"schema": SCHEMA, "kind": "readings-extra", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "trials": trials, "matched": matched, "fixed": fixed, "eval_seconds": round(time.perf_counter() - t0, 1),
            "torch": torch.__version__}  # fmt: skip
-    atomic_write_json(_path(out, f"readings-{m}", seed), rec)
+    atomic_write_json(result_path(out, f"readings-{m}", seed), rec)
     return f"done readings-{m} seed {seed}: " + _line({**matched, **{f"{m} s={cfg.factor:g}": fixed[m]}})
 
 
@@ -326,7 +326,8 @@ def _pk(row: dict) -> str:
     return "-" if row["passkey"] is None else f"{row['passkey']['retrieved']:.2f}"
 
 
-def _path(out, stem: str, seed: int) -> Path:
+def result_path(out, stem: str, seed: int) -> Path:
+    """The record of one seed's readings (``stem`` "readings") or fine-tuning curve ("ft-<method>") in ``out``."""
     return Path(out) / f"{stem}_seed{seed}.json"
 
 
@@ -339,13 +340,13 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, trial
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     finetunes = unique_choices("fine-tune method", finetunes, STATIC)
     controls = unique_choices("control", controls, CONTROLS)
-    cells = [runner.Cell(_path(out, "readings", s), readings, (s, cfg, out, ckpt, trials)) for s in seeds]
-    cells += [runner.Cell(_path(out, f"ft-{m}", s), finetune_curve, (m, s, cfg, out, ckpt, trials), phase=1)
+    cells = [runner.Cell(result_path(out, "readings", s), readings, (s, cfg, out, ckpt, trials)) for s in seeds]
+    cells += [runner.Cell(result_path(out, f"ft-{m}", s), finetune_curve, (m, s, cfg, out, ckpt, trials), phase=1)
               for m in finetunes for s in seeds]  # fmt: skip
     if NO_TEMPERATURE in controls:
-        cells += [runner.Cell(_path(out, f"readings-{NO_TEMPERATURE}", s), readings_extra, (s, cfg, out, ckpt, trials),
+        cells += [runner.Cell(result_path(out, f"readings-{NO_TEMPERATURE}", s), readings_extra, (s, cfg, out, ckpt, trials),
                               phase=1) for s in seeds]  # fmt: skip
-    cells += [runner.Cell(_path(out, f"ft-{c}", s), control_curve, (c, s, cfg, out, ckpt, trials), phase=1)
+    cells += [runner.Cell(result_path(out, f"ft-{c}", s), control_curve, (c, s, cfg, out, ckpt, trials), phase=1)
               for c in controls for s in seeds]  # fmt: skip
 
     def weights_first(todo: list[runner.Cell]) -> list[runner.Cell]:

@@ -72,15 +72,16 @@ def sliding_nll(model, ids: torch.Tensor, n: int, window: int, *, batch: int = 2
         starts = torch.arange(1, n - w + 1)  # context start for t = w .. n-1
         cols = starts[:, None] + torch.arange(w)[None]  # (n - w, w)
         for r in range(k):
-            ctx = x[r][cols]  # (n - w, w)
+            windows = x[r][cols]  # (n - w, w)
             tgt = y[r][starts + w - 1]  # (n - w,)
-            for j in range(0, len(ctx), batch):
-                logits = model(ctx[j : j + batch])
+            for j in range(0, len(windows), batch):
+                logits = model(windows[j : j + batch])
                 nll[w + j : w + j + len(logits)] += F.cross_entropy(logits[:, -1], tgt[j : j + batch], reduction="none")
     return nll / k
 
 
-def _row(n: int, nll: torch.Tensor, bins: int = 8) -> dict:
+def nll_row(n: int, nll: torch.Tensor, bins: int = 8) -> dict:
+    """A result row for length ``n`` from per-position NLLs: mean NLL, perplexity and the mean over ``bins`` bins."""
     mean = float(nll.mean())
     return {"length": n, "nll": round(mean, 5), "ppl": round(math.exp(mean), 4),
             "nll_by_position": [round(float(v), 4) for v in nll.view(bins, -1).mean(1)] if n % bins == 0 else None}
@@ -93,18 +94,19 @@ def read_model(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt) -> st
     model, seconds = lc.weights(name, cfg, seed, ckpt, len(vocab))
     t0 = time.perf_counter()
     whole = charlm.evaluate(model, eval_ids, cfg.eval_lengths)
-    sliding = [_row(n, sliding_nll(model, eval_ids, n, cfg.train_len)) for n in cfg.eval_lengths]
+    sliding = [nll_row(n, sliding_nll(model, eval_ids, n, cfg.train_len)) for n in cfg.eval_lengths]
     rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "window": cfg.train_len, "whole": [{k: r[k] for k in ("length", "nll", "ppl", "nll_by_position")}
                                               for r in whole],
            "sliding": sliding, "retrained_seconds": None if seconds is None else round(seconds, 1),
            "eval_seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
-    atomic_write_json(_path(out, name, seed), rec)
+    atomic_write_json(result_path(out, name, seed), rec)
     return (f"done {name} seed {seed}: whole / sliding ppl "
             + " ".join(f"{a['length']}:{a['ppl']:.2f}/{b['ppl']:.2f}" for a, b in zip(rec["whole"], sliding)))
 
 
-def _path(out, name: str, seed: int) -> Path:
+def result_path(out, name: str, seed: int) -> Path:
+    """The record of model ``name``, seed ``seed``, in ``out``."""
     return Path(out) / f"{name}_seed{seed}.json"
 
 
@@ -114,7 +116,7 @@ def run_all(cfg: lc.LongContextConfig, seeds: Sequence[int], out, ckpt, *, names
     locked meanwhile."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     names = unique_choices("model", names, MODELS)
-    cells = [runner.Cell(_path(out, m, s), read_model, (m, s, cfg, out, ckpt)) for m in names for s in seeds]
+    cells = [runner.Cell(result_path(out, m, s), read_model, (m, s, cfg, out, ckpt)) for m in names for s in seeds]
     runner.run_grid(cells, out=out, ckpt=ckpt, schema=RECORDS, config=asdict(cfg), log=log)
 
 

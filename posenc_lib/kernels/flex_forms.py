@@ -17,39 +17,39 @@ from ..schemes.shaw import ShawRelative
 from ..schemes.xlnet import XLNetRelative
 
 
-def shaw_score_mod(pos, q, k, ctx, layer, attn, scale):
-    s_k = (q @ pos.table_k[layer].to(q.dtype).t()) * scale  # (B, H, Lq, 2k+1)
-    index = ctx["index"]
+def shaw_score_mod(scheme, q, k, prep, layer, attn, scale):
+    s_k = (q @ scheme.table_k[layer].to(q.dtype).t()) * scale  # (B, H, Lq, 2k+1)
+    index = prep["index"]
     return lambda b, h, i, j: s_k[b, h, i, index[i, j]]
 
 
-def deberta_score_mod(pos, q, k, ctx, layer, attn, scale):
+def deberta_score_mod(scheme, q, k, prep, layer, attn, scale):
     h_, dh = q.shape[1], q.shape[-1]
-    rel = ctx["rel"].to(q.dtype)
+    rel = prep["rel"].to(q.dtype)
     pos_q = attn.q_proj(rel).view(-1, h_, dh).transpose(0, 1)
     pos_k = attn.k_proj(rel).view(-1, h_, dh).transpose(0, 1)
     c2p, p2c = (q @ pos_k.transpose(-1, -2)) * scale, (k @ pos_q.transpose(-1, -2)) * scale
-    index = ctx["index"]
+    index = prep["index"]
     return lambda b, h, i, j: c2p[b, h, i, index[i, j]] + p2c[b, h, j, index[i, j]]
 
 
-def xlnet_score_mod(pos, q, k, ctx, layer, attn, scale):
+def xlnet_score_mod(scheme, q, k, prep, layer, attn, scale):
     h_, lq, dh = q.shape[1], q.shape[2], q.shape[-1]
-    r = (ctx["R"].to(q.dtype) @ pos.r_proj[layer].to(q.dtype)).view(-1, h_, dh).transpose(0, 1)
-    cb = torch.einsum("hd,bhjd->bhj", pos.u[layer].to(q.dtype), k) * scale  # (B, H, Lk)
-    bd = ((q + pos.v[layer].to(q.dtype)[None, :, None, :]) @ r.transpose(-1, -2)) * scale  # (B, H, Lq, P)
+    r = (prep["R"].to(q.dtype) @ scheme.r_proj[layer].to(q.dtype)).view(-1, h_, dh).transpose(0, 1)
+    cb = torch.einsum("hd,bhjd->bhj", scheme.u[layer].to(q.dtype), k) * scale  # (B, H, Lk)
+    bd = ((q + scheme.v[layer].to(q.dtype)[None, :, None, :]) @ r.transpose(-1, -2)) * scale  # (B, H, Lq, P)
     return lambda b, h, i, j: cb[b, h, j] + bd[b, h, i, j + lq - 1 - i]
 
 
-def shaw_value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, lse):
+def shaw_value_term(scheme, q, k, v, prep, layer, scale, score_mod, block, allowed, lse):
     """``sum_r M[i, r] w^V_r`` from the row log-sum-exp (see :mod:`posenc_lib.attention.flex`)."""
-    plan = ctx["plan"]
+    plan = prep["plan"]
     rows = plan.rows
     if not plan.fast:
         raise ValueError("the FlexAttention Shaw value term needs an index that hits each inner distance "
                          "at most once per query (distinct key positions, as the model's aranges)")
     b_, h_, lq, _ = q.shape
-    table_k = pos.table_k[layer].to(q.dtype)
+    table_k = scheme.table_k[layer].to(q.dtype)
     lse = lse.float()
     inner = []
     for r in range(1, rows - 1):  # at most one key per row: the key at distance r - k
@@ -62,7 +62,7 @@ def shaw_value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, 
             ok = ok & a[:, :, torch.arange(lq, device=q.device), j]
         inner.append(torch.where(ok, torch.exp(s - lse), torch.zeros_like(s)))
     inner = torch.stack(inner, -1) if inner else lse.new_zeros(b_, h_, lq, 0)
-    index = ctx["index"]
+    index = prep["index"]
     last = rows - 1
 
     def right_only(s, b, h, i, j):  # keys at the clipped right end only
@@ -73,7 +73,7 @@ def shaw_value_term(pos, q, k, v, ctx, layer, scale, score_mod, block, allowed, 
     m_right = torch.where(torch.isfinite(lse_right), m_right, torch.zeros_like(m_right))
     m_left = (1.0 - inner.sum(-1) - m_right).clamp(min=0.0)
     mass = torch.cat((m_left[..., None], inner, m_right[..., None]), -1)  # (B, H, Lq, 2k+1)
-    return (mass @ pos.table_v[layer].float()).to(q.dtype)
+    return (mass @ scheme.table_v[layer].float()).to(q.dtype)
 
 
 flex.register(ShawRelative, score_mod=shaw_score_mod, value_term=shaw_value_term)

@@ -89,7 +89,7 @@ class _OffsetRows(torch.autograd.Function):
 def _run_offsets(c, s):
     """The ``cpu_offsets`` backend: :func:`offset_bias_attention` over chunks of batch rows (T5's runs of keys in one
     bucket, where the scheme has them)."""
-    runs = c.pos.offset_runs(c.ctx) if c.pos.offset_runs is not None else None
+    runs = c.scheme.offset_runs(c.prep) if c.scheme.offset_runs is not None else None
 
     def by_offset(q, k, v, allowed):
         return offset_bias_attention(q, k, v, allowed, c.scale, s.values, s.blocks, runs=runs)

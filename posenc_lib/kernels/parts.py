@@ -22,7 +22,7 @@ from ..utils import fill_closed_
 
 
 #: a scheme's own block masks for the fused kernel, by scheme class (:func:`register_block_mask`):
-#: ``(mask(pos, q, k, parts, ctx, scale, allowed, work), queries(pos, q, parts) or None)``
+#: ``(mask(scheme, q, k, parts, prep, scale, allowed, work), queries(scheme, q, parts) or None)``
 BLOCK_MASKS: dict[type, tuple] = {}
 
 
@@ -35,7 +35,7 @@ def register_block_mask(scheme_class: type, mask, queries=None) -> None:
     BLOCK_MASKS[scheme_class] = mask, queries
 
 
-def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, allowed, blocks,
+def shared_parts_attention(scheme, q, k, v, prep, layer: int, attn, scale: float, allowed, blocks,
                            chunk_elements: int | None = None) -> torch.Tensor:
     """Attention over query blocks in the fused kernel for a scheme whose score terms are built from ``q``, ``k``
     and parts made once for the whole call (``block_parts``: DeBERTa's projected relative tables, the same for every
@@ -51,21 +51,21 @@ def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, al
     lays out its terms.  ``chunk_elements``: the batch rows run in chunks whose blocks lay out at most this many
     scores (``None``: the whole batch at once)."""
     k_len = k.shape[2]
-    spans, contexts, masks, ranges, edges = [], [], [], [], []
+    spans, preps, masks, ranges, edges = [], [], [], [], []
     for start, end in blocks:
-        ctx_b, rows, n = block_context(pos, ctx, allowed, start, end, k_len)
-        s0, s1, edge = side_split(pos, ctx_b, rows, n)
+        prep_b, rows, n = block_prep(scheme, prep, allowed, start, end, k_len)
+        s0, s1, edge = side_split(scheme, prep_b, rows, n)
         spans.append((start, end, n))
         ranges.append((s0, s1))
         edges.append(edge)
         if (s0, s1) != (0, n):
-            ctx_b, rows = pos.key_range(ctx_b, s0, s1), None if rows is None else rows[..., s0:s1]
-        contexts.append(ctx_b)
+            prep_b, rows = scheme.key_range(prep_b, s0, s1), None if rows is None else rows[..., s0:s1]
+        preps.append(prep_b)
         masks.append(rows)
 
-    parts = pos.score_parts(q, ctx, layer, attn)
-    own = for_class(BLOCK_MASKS, pos)
-    q_kernel = q if own is None or own[1] is None else own[1](pos, q, parts)  # XLNet's q + u
+    parts = scheme.score_parts(q, prep, layer, attn)
+    own = for_class(BLOCK_MASKS, scheme)
+    q_kernel = q if own is None or own[1] is None else own[1](scheme, q, parts)  # XLNet's q + u
     split = any(r != (0, n) for r, (_, _, n) in zip(ranges, spans))
     b, h = q.shape[:2]
     rows = max(end - start for start, end, _ in spans)
@@ -77,15 +77,15 @@ def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, al
 
     def sides(i, q, k, *parts):
         (start, end, n), (s0, s1) = spans[i], ranges[i]
-        parts, q_b = pos.block_parts(parts, ctx, start, end, n), q[:, :, start:end]
+        parts, q_b = scheme.block_parts(parts, prep, start, end, n), q[:, :, start:end]
         outer = [(0, 0, s0, edges[i][0]), (1, s1, n, edges[i][1])]
-        return [(slot, a, z, *pos.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
+        return [(slot, a, z, *scheme.side_terms(q_b, parts, edge, scale)) for slot, a, z, edge in outer if z > a]
 
     def chunk_of_rows(qk_c, q_c, k_c, v_c, masks_c):  # one chunk of batch rows (chunk_elements)
         def build(i, q, k, *parts):
             (start, end, n), (s0, s1) = spans[i], ranges[i]
-            parts = pos.block_parts(parts, ctx, start, end, n)
-            return mask_from_parts(pos, contexts[i], scale, masks_c[i], q[:, :, start:end], k[:, :, s0:s1], *parts, work=work)
+            parts = scheme.block_parts(parts, prep, start, end, n)
+            return mask_from_parts(scheme, preps[i], scale, masks_c[i], q[:, :, start:end], k[:, :, s0:s1], *parts, work=work)
 
         return cpu_flash.flash_blocks(qk_c, k_c, v_c, scale, spans, build, q_c, k_c, *parts, ranges=ranges if split else None,
                                       sides=sides if split else None, work=work)  # fmt: skip
@@ -93,39 +93,39 @@ def shared_parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, al
     return in_batch_chunks(chunk_of_rows, chunk, q_kernel, q, k, v, masks)
 
 
-def parts_attention(pos, q, k, v, ctx, layer: int, attn, scale: float, allowed, blocks) -> torch.Tensor:
+def parts_attention(scheme, q, k, v, prep, layer: int, attn, scale: float, allowed, blocks) -> torch.Tensor:
     """Attention over query blocks in the fused kernel for a scheme whose score terms are built from ``q``, ``k`` and
     parts made per block (``score_parts`` without ``block_parts``: CoPE's table): each block's mask is rebuilt from
     them in the backward pass (:func:`cpu_flash.flash_scores`), against the keys up to the last one it may see."""
     outs, k_len = [], k.shape[2]
     for start, end in blocks:
-        ctx_b, rows, k_end = block_context(pos, ctx, allowed, start, end, k_len)
-        build = functools.partial(mask_from_parts, pos, ctx_b, scale, rows)
-        parts = pos.score_parts(q, ctx_b, layer, attn)
+        prep_b, rows, k_end = block_prep(scheme, prep, allowed, start, end, k_len)
+        build = functools.partial(mask_from_parts, scheme, prep_b, scale, rows)
+        parts = scheme.score_parts(q, prep_b, layer, attn)
         kb, vb = k[:, :, :k_end], v[:, :, :k_end]
         outs.append(cpu_flash.flash_scores(q[:, :, start:end], kb, vb, scale, build, *parts))
     return torch.cat(outs, dim=2)
 
 
-def block_context(pos, ctx, allowed, start: int, end: int, k_len: int):
-    """``(ctx_b, rows, n)`` for query block ``start:end`` of a score-term scheme: its context, its rows of the
+def block_prep(scheme, prep, allowed, start: int, end: int, k_len: int):
+    """``(prep_b, rows, n)`` for query block ``start:end`` of a score-term scheme: its context, its rows of the
     boolean mask and ``n``, one past the last key it may see; the keys after ``n`` are dropped from the context
     where the scheme can (``key_slice``), else the block runs against all ``k_len`` keys."""
-    ctx_b, (rows, n) = pos.query_slice(ctx, start, end), block_keys(allowed, start, end, k_len)
-    trimmed = pos.key_slice(ctx_b, n) if n < k_len else None
+    prep_b, (rows, n) = scheme.query_slice(prep, start, end), block_keys(allowed, start, end, k_len)
+    trimmed = scheme.key_slice(prep_b, n) if n < k_len else None
     if trimmed is not None:
         return trimmed, rows, n
-    return ctx_b, mask_rows(allowed, start, end), k_len  # a scheme that cannot drop keys: all of them
+    return prep_b, mask_rows(allowed, start, end), k_len  # a scheme that cannot drop keys: all of them
 
 
-def side_split(pos, ctx_b, rows, n: int):
+def side_split(scheme, prep_b, rows, n: int):
     """``(s0, s1, edges)`` for one query block of a scheme with ``side_terms``: keys ``0:s0`` and ``s1:n`` run without
     a mask (all allowed, each range at one relative index, ``edges``: what ``side_terms`` needs of each range), keys
     ``s0:s1`` with their terms laid out; ``(0, n, None)`` where nothing is split off."""
     least = cpu_flash.SIDE_MIN_KEYS
-    if pos.side_terms is None or least is None:
+    if scheme.side_terms is None or least is None:
         return 0, n, None
-    lo, hi, edges = pos.block_sides(ctx_b)
+    lo, hi, edges = scheme.block_sides(prep_b)
     s0 = lo if lo >= least and (rows is None or bool(rows[..., :lo].all())) else 0
     s1 = hi if n - hi >= least and (rows is None or bool(rows[..., hi:].all())) else n
     if (s0, s1) == (0, n) or s1 <= s0:
@@ -133,24 +133,24 @@ def side_split(pos, ctx_b, rows, n: int):
     return s0, s1, edges
 
 
-def mask_from_parts(pos, ctx, scale: float, allowed, q, k, *parts, work=None) -> torch.Tensor:
+def mask_from_parts(scheme, prep, scale: float, allowed, q, k, *parts, work=None) -> torch.Tensor:
     """A block's float mask for :func:`cpu_flash.flash_scores`: the scheme's score terms, scaled, ``-inf`` where not
     allowed (by the scheme's own block mask where it has one, :data:`BLOCK_MASKS`, its score-sized tensors in
     ``work``)."""
-    own = for_class(BLOCK_MASKS, pos)
+    own = for_class(BLOCK_MASKS, scheme)
     if own is not None:
-        return own[0](pos, q, k, parts, ctx, scale, allowed, work)
-    mask = pos.scores_from_parts(q, k, parts, ctx, scale=scale).float()  # a fresh tensor: filled in place
+        return own[0](scheme, q, k, parts, prep, scale, allowed, work)
+    mask = scheme.scores_from_parts(q, k, parts, prep, scale=scale).float()  # a fresh tensor: filled in place
     return mask if allowed is None else fill_closed_(mask, allowed, float("-inf"))
 
 
 def _run_shared_parts(c, s):
-    return shared_parts_attention(c.pos, c.q, c.k, c.v, c.ctx, c.layer, c.attn, c.scale, c.allowed, s.blocks,
+    return shared_parts_attention(c.scheme, c.q, c.k, c.v, c.prep, c.layer, c.attn, c.scale, c.allowed, s.blocks,
                                   chunk_elements=s.chunk_elements), None  # fmt: skip
 
 
 def _run_parts(c, s):
-    return parts_attention(c.pos, c.q, c.k, c.v, c.ctx, c.layer, c.attn, c.scale, c.allowed, s.blocks), None
+    return parts_attention(c.scheme, c.q, c.k, c.v, c.prep, c.layer, c.attn, c.scale, c.allowed, s.blocks), None
 
 
 backends.register("cpu_shared_parts", _run_shared_parts)

@@ -49,14 +49,14 @@ def shaw_split(plan: ShawPlan, allowed):
     return s0, s1, shaw_sub_plan(plan, s0, s1), None if allowed is None else allowed[..., s0:s1]
 
 
-def shaw_fused_attention(pos: ShawRelative, q, k, v, ctx, layer: int, scale: float, allowed, blocks):
+def shaw_fused_attention(scheme: ShawRelative, q, k, v, prep, layer: int, scale: float, allowed, blocks):
     """Attention over query ``blocks`` with both of Shaw's terms in the fused CPU kernel."""
     parts = []
     for start, end in blocks:
         rows, k_end = block_keys(allowed, start, end, k.shape[2])  # a causal block: keys up to its last query
-        plan = pos.block_plan(ctx, start, end, k_end)
+        plan = scheme.block_plan(prep, start, end, k_end)
         parts.append((start, end, plan, rows, shaw_split(plan, rows)))
-    return cpu_flash.shaw_attention(q, k, v, pos.table_k[layer], pos.table_v[layer], scale, parts)
+    return cpu_flash.shaw_attention(q, k, v, scheme.table_k[layer], scheme.table_v[layer], scale, parts)
 
 
 backends.register_value_kernel(ShawRelative, shaw_fused_attention)

@@ -15,7 +15,7 @@ from ..utils import fill_closed_
 from . import parts
 
 
-def _work(work: dict | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
+def work_buffer(work: dict | None, name: str, shape, like: torch.Tensor) -> torch.Tensor:
     """A tensor of ``shape`` in ``work[name]``, a flat buffer kept for the blocks of one call (grown when too small;
     a fresh tensor without ``work``): the blocks' score-sized tensors reuse memory instead of new pages each."""
     size = math.prod(shape)
@@ -38,7 +38,7 @@ def _padded_distances(r: torch.Tensor, work: dict | None) -> torch.Tensor:
     padded = -(-p // DISTANCE_PAD) * DISTANCE_PAD
     if padded == p:
         return r
-    out = _work(work, "r", (padded, r.shape[1]), r)
+    out = work_buffer(work, "r", (padded, r.shape[1]), r)
     out[:p].copy_(r)
     out[p:].zero_()
     return out
@@ -68,7 +68,7 @@ class _BlockMask(torch.autograd.Function):
         qv = (q + v[None, :, None, :]).mul_(scale).transpose(0, 1).reshape(h, b * rows, dh)  # (H, B * R, dh)
         r_pad = _padded_distances(r, work)
         r_h = r_pad.view(-1, h, dh).permute(1, 0, 2)  # (H, P, dh): a view
-        bd = torch.bmm(qv, r_h.transpose(1, 2), out=_work(work, "bd", (h, b * rows, r_pad.shape[0]), q))
+        bd = torch.bmm(qv, r_h.transpose(1, 2), out=work_buffer(work, "bd", (h, b * rows, r_pad.shape[0]), q))
         mask = _shifted(bd, b, h, rows, n)  # the kernel takes the strided view as it is (rows do not overlap)
         if allowed is not None:
             fill_closed_(mask, allowed, float("-inf"))
@@ -81,7 +81,7 @@ class _BlockMask(torch.autograd.Function):
         r, qv, allowed = ctx.saved_tensors
         scale, (b, h, rows, n, dh), p = ctx.scale, ctx.shape, r.shape[0]
         r_pad = _padded_distances(r, ctx.work)
-        g = _work(ctx.work, "grad", (h, b * rows, r_pad.shape[0]), grad).zero_()  # the product's gradient
+        g = work_buffer(ctx.work, "grad", (h, b * rows, r_pad.shape[0]), grad).zero_()  # the product's gradient
         g_shift = _shifted(g, b, h, rows, n)
         g_shift.copy_(grad)
         if allowed is not None:
@@ -99,14 +99,14 @@ def block_mask(q, n: int, parts, scale: float, allowed=None, work: dict | None =
     return _BlockMask.apply(q, r, v, n, scale, allowed, work)
 
 
-def kernel_queries(pos: XLNetRelative, q, parts_):
+def kernel_queries(scheme: XLNetRelative, q, parts_):
     """The queries the fused CPU kernel takes, ``q + u``: term (c), ``u . k_j``, enters through the kernel's own
     product, and :func:`mask_from_parts` lays out only (b)+(d) (one pass less over a block's scores, and no key
     gradient through the mask)."""
     return q + parts_[1][None, :, None, :]
 
 
-def mask_from_parts(pos: XLNetRelative, q, k, parts_, ctx, scale: float, allowed=None, work: dict | None = None):
+def mask_from_parts(scheme: XLNetRelative, q, k, parts_, prep, scale: float, allowed=None, work: dict | None = None):
     """The fused CPU path's float mask of one query block against the keys ``k`` (:func:`block_mask`): with the
     kernel's queries :func:`kernel_queries`, the scores are ``scores_from_parts`` times ``scale``; ``-inf`` where
     ``allowed`` is false; its score-sized tensors in ``work``."""

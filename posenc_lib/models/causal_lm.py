@@ -32,6 +32,7 @@ from torch import nn
 
 from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
 from ..schemes.registry import canonical_pe, make_scheme
+from ..utils import renamed_keys_hook
 from ..checks import check_bool, check_divides, check_positive_int, check_token_tensor
 
 
@@ -67,8 +68,8 @@ class Block(nn.Module):
         self.attn = MultiHeadAttention(d_model, n_heads)
         self.ff = nn.Sequential(nn.Linear(d_model, dim_feedforward), nn.GELU(), nn.Linear(dim_feedforward, d_model))
 
-    def forward(self, x, pos, ctx, layer, need_weights=False):
-        a = self.attn(self.norm1(x), causal=self.causal, pos=pos, ctx=ctx, layer=layer, need_weights=need_weights)
+    def forward(self, x, scheme, prep, layer, need_weights=False):
+        a = self.attn(self.norm1(x), causal=self.causal, scheme=scheme, prep=prep, layer=layer, need_weights=need_weights)
         a, w = a if need_weights else (a, None)
         x = x + a
         return x + self.ff(self.norm2(x)), w
@@ -83,7 +84,7 @@ class CausalLM(nn.Module):
 
     ``pe`` as a list: one entry per layer (a name, ``(name, options)`` or ``(PositionScheme subclass,
     options)``), for models whose layers differ in their positions; ``options`` must then be empty.
-    ``self.pos`` is the one scheme of a single-scheme model (``None`` otherwise); ``self.layer_pos`` holds
+    ``self.scheme`` is the one scheme of a single-scheme model (``None`` otherwise); ``self.scheme_per_layer`` holds
     each layer's ``(scheme, index of the layer among that scheme's layers)``.
     """
 
@@ -102,19 +103,21 @@ class CausalLM(nn.Module):
         self.blocks = nn.ModuleList(Block(d_model, n_heads, dim_feedforward, self.causal) for _ in range(num_layers))
         self.norm = nn.LayerNorm(d_model)
         self.set_scheme(pe, **options)
+        # checkpoints saved before the scheme was renamed (pos) load as they are
+        self.register_load_state_dict_pre_hook(renamed_keys_hook({"pos": "scheme"}))
 
     def set_scheme(self, pe, **options) -> None:
         """One scheme for every layer (``pe`` a name), or one per layer (``pe`` a list; see the class)."""
         if isinstance(pe, str):
-            self.pos = make_scheme(pe, *self.dims, causal=self.causal, **options)
+            self.scheme = make_scheme(pe, *self.dims, causal=self.causal, **options)
             self.layer_schemes = None
-            self.layer_pos = [(self.pos, i) for i in range(self.dims[2])]
+            self.scheme_per_layer = [(self.scheme, i) for i in range(self.dims[2])]
             return
         if options:
             raise ValueError(f"with one position entry per layer, give each layer's options in its entry "
                              f"('rope', {{...}}), not as keyword arguments; got {sorted(options)}")  # fmt: skip
-        self.pos = None
-        self.layer_schemes, self.layer_pos = _per_layer_schemes(pe, *self.dims, causal=self.causal)
+        self.scheme = None
+        self.layer_schemes, self.scheme_per_layer = _per_layer_schemes(pe, *self.dims, causal=self.causal)
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False):
         """``tokens (batch, T)`` -> logits ``(batch, T, vocab)`` (and per-layer attention weights)."""
@@ -124,18 +127,18 @@ class CausalLM(nn.Module):
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.embed(tokens) * math.sqrt(self.dims[0])
         weights = []
-        if self.pos is not None:  # one scheme for every layer
-            code = self.pos.embed(positions)
+        if self.scheme is not None:  # one scheme for every layer
+            code = self.scheme.embed(positions)
             if code is not None:
                 x = x + code
-            ctx = self.pos.prepare(positions, positions)
+            prep = self.scheme.prepare(positions, positions)
             for i, block in enumerate(self.blocks):
-                x, w = block(x, self.pos, ctx, i, need_weights)
+                x, w = block(x, self.scheme, prep, i, need_weights)
                 weights.append(w)
         else:  # a scheme per layer: each distinct scheme prepares its context once
-            ctxs = {id(s): s.prepare(positions, positions) for s in self.layer_schemes}
-            for block, (scheme, index) in zip(self.blocks, self.layer_pos):
-                x, w = block(x, scheme, ctxs[id(scheme)], index, need_weights)
+            preps = {id(s): s.prepare(positions, positions) for s in self.layer_schemes}
+            for block, (scheme, index) in zip(self.blocks, self.scheme_per_layer):
+                x, w = block(x, scheme, preps[id(scheme)], index, need_weights)
                 weights.append(w)
         logits = self.norm(x) @ self.embed.weight.t()
         return (logits, weights) if need_weights else logits
@@ -181,14 +184,14 @@ class MaskedLM(CausalLM):
         x = windows[:, :-1]
         b, t = x.shape
         n = max(1, round(self.mask_prob * t))
-        where = torch.rand(b, t, device=x.device).argsort(dim=1)[:, :n]  # (batch, n) distinct positions per row
-        logits = self(x.scatter(1, where, self.mask_id))
-        picked = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1]))
-        return F.cross_entropy(picked.reshape(-1, logits.shape[-1]), x.gather(1, where).reshape(-1))
+        masked = torch.rand(b, t, device=x.device).argsort(dim=1)[:, :n]  # (batch, n) distinct positions per row
+        logits = self(x.scatter(1, masked, self.mask_id))
+        picked = logits.gather(1, masked[..., None].expand(-1, -1, logits.shape[-1]))
+        return F.cross_entropy(picked.reshape(-1, logits.shape[-1]), x.gather(1, masked).reshape(-1))
 
 
 def _per_layer_schemes(entries, d_model: int, n_heads: int, num_layers: int, causal: bool = True):
-    """``(schemes, layer_pos)`` for one position entry per layer (see :class:`CausalLM`).
+    """``(schemes, scheme_per_layer)`` for one position entry per layer (see :class:`CausalLM`).
 
     Equal entries share one scheme built for as many layers as they cover; a scheme that adds to the
     token embeddings (sinusoidal, learned) belongs to the whole model, not to a layer, and is refused.
@@ -215,17 +218,17 @@ def _per_layer_schemes(entries, d_model: int, n_heads: int, num_layers: int, cau
     groups: dict[tuple, list[int]] = {}
     for i, (name, frozen, _) in enumerate(keys):
         groups.setdefault((name, frozen), []).append(i)
-    schemes, layer_pos = nn.ModuleList(), [None] * num_layers
+    schemes, scheme_per_layer = nn.ModuleList(), [None] * num_layers
     for (name, _), layers in groups.items():
         options = keys[layers[0]][2]
         if isinstance(name, type):
             scheme = name(d_model, n_heads, len(layers), causal, **options)
         else:
             scheme = make_scheme(name, d_model, n_heads, len(layers), causal=causal, **options)
-        if scheme.where == "input":
+        if scheme.enters == "input":
             raise ValueError(f"layer {layers[0]}: {scheme.name!r} adds to the token embeddings, which every layer "
                              f"reads; give it as pe={scheme.name!r} for the whole model, not per layer")  # fmt: skip
         schemes.append(scheme)
         for j, i in enumerate(layers):
-            layer_pos[i] = (scheme, j)
-    return schemes, layer_pos
+            scheme_per_layer[i] = (scheme, j)
+    return schemes, scheme_per_layer

@@ -83,21 +83,23 @@ COMPILED_GRAPHS_LIMIT = 512
 COMPILE_BACKEND = "inductor"
 COMPILE_OPTIONS = {"cpp_wrapper": True}
 
-_COMPILED_STEPS: "weakref.WeakKeyDictionary[Seq2SeqTransformer, object]" = weakref.WeakKeyDictionary()
+#: the compiled :func:`greedy_step` of each model (weakly: it goes with the model)
+COMPILED_STEPS: "weakref.WeakKeyDictionary[Seq2SeqTransformer, object]" = weakref.WeakKeyDictionary()
 
 
-def _step(model: Seq2SeqTransformer, inp, memory, memory_key_padding_mask, cache, done, pad_id: int):
+def greedy_step(model: Seq2SeqTransformer, inp, memory, memory_key_padding_mask, cache, done, pad_id: int):
     """One cached greedy step: the next token of every row (``pad_id`` where the row has finished)."""
     logits = model.decode_unchecked(inp, memory, memory_key_padding_mask, None, cache)
     return logits[:, -1].argmax(-1).masked_fill(done, pad_id)
 
 
 def _compiled_step(model: Seq2SeqTransformer):
-    """:func:`_step` compiled for ``model`` (made once per model, kept while the model lives)."""
-    step = _COMPILED_STEPS.get(model)
+    """:func:`greedy_step` compiled for ``model`` (made once per model, kept while the model lives)."""
+    step = COMPILED_STEPS.get(model)
     if step is None:
         options = dict(COMPILE_OPTIONS) if COMPILE_BACKEND == "inductor" else None
-        step = _COMPILED_STEPS[model] = torch.compile(_step, dynamic=True, backend=COMPILE_BACKEND, options=options)
+        step = COMPILED_STEPS[model] = torch.compile(greedy_step, dynamic=True, backend=COMPILE_BACKEND,
+                                                     options=options)
     return step
 
 
@@ -111,7 +113,8 @@ PACK_WEIGHTS = True
 PACK_MIN_ELEMENTS = 2**17
 
 
-def _packable(model: Seq2SeqTransformer) -> bool:
+def packable(model: Seq2SeqTransformer) -> bool:
+    """Whether :func:`packed_weights` lays out ``model``'s weights (a float32 CPU Seq2SeqTransformer, oneDNN there)."""
     if not isinstance(model, Seq2SeqTransformer):  # a model of its own with decode/encode: left as it is
         return False
     weight = model.embed.weight
@@ -119,7 +122,7 @@ def _packable(model: Seq2SeqTransformer) -> bool:
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-def _packed_linear(layer: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def packed_linear(layer: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` through oneDNN's product with the weight laid out for it (``packed``), for at most
     :data:`~posenc_lib.models.seq2seq.FEW_ROWS` rows; more rows (the cross-attention's keys of the whole source)
     take the layer's own product."""
@@ -128,7 +131,7 @@ def _packed_linear(layer: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> t
     return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
 
 
-def _packed_qkv(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+def packed_qkv(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     """A self-attention's queries, keys and values of few rows ``x`` in one product with their three weights laid
     out together (``packed``); ``None`` for more rows (the layer then projects them one by one)."""
     if x.numel() > FEW_ROWS * x.shape[-1]:
@@ -168,12 +171,12 @@ def _stamp(model: Seq2SeqTransformer) -> tuple:
 
 #: the packed copies of each model, kept between decoding loops while its weights stay as they were (weakly: they go
 #: with the model); :func:`release_packed_weights` drops them
-_PACKED: "weakref.WeakKeyDictionary[Seq2SeqTransformer, _Packs]" = weakref.WeakKeyDictionary()
+PACKED: "weakref.WeakKeyDictionary[Seq2SeqTransformer, _Packs]" = weakref.WeakKeyDictionary()
 
 
 def release_packed_weights(model: Seq2SeqTransformer) -> None:
     """Drop the copies of ``model``'s weights that cached decoding laid out (:func:`packed_weights`), if any."""
-    _PACKED.pop(model, None)
+    PACKED.pop(model, None)
 
 
 @contextlib.contextmanager
@@ -188,28 +191,28 @@ def packed_weights(model: Seq2SeqTransformer, rows: int):
     nothing changes.  When the block ends the model is as it was; the copies are kept for the next block of the
     same ``rows`` (laying them out took about 10 ms for that model) and made again once any weight of the decoder or
     the output matrix has changed (:func:`_stamp`), or dropped by :func:`release_packed_weights`."""
-    if not _packable(model):
+    if not packable(model):
         yield
         return
-    packs = _PACKED.get(model)
+    packs = PACKED.get(model)
     if packs is None or packs.rows != rows or packs.stamp != _stamp(model):
-        packs = _PACKED[model] = _Packs(model, rows)
+        packs = PACKED[model] = _Packs(model, rows)
     patched = []
     try:
         for layer, packed in packs.linears:
             if "forward" not in layer.__dict__:
-                layer.forward = functools.partial(_packed_linear, layer, packed)
+                layer.forward = functools.partial(packed_linear, layer, packed)
                 patched.append(layer)
         for attn, packed, bias in packs.qkv:
-            attn.step_qkv = functools.partial(_packed_qkv, packed, bias)
-        model._packed_logits = packs.logits
+            attn.step_qkv = functools.partial(packed_qkv, packed, bias)
+        model.packed_logits = packs.logits
         yield
     finally:
         for layer in patched:
             del layer.forward
         for attn, _, _ in packs.qkv:
             attn.__dict__.pop("step_qkv", None)
-        model._packed_logits = None
+        model.packed_logits = None
 
 
 def sync_every(device: torch.device) -> int:
@@ -280,11 +283,11 @@ def greedy_decode(
                     if step == 0 or not own:
                         logits = model.decode(inp, memory, memory_key_padding_mask=src_key_padding_mask, cache=cache)
                     else:  # ids from the argmax, masks checked at the first step: only the length is left to check
-                        model._check_length(model.dec_pos, step + 1, "a target")
+                        model.check_length(model.dec_scheme, step + 1, "a target")
                         logits = model.decode_unchecked(inp, memory, src_key_padding_mask, None, cache)
                     nxt = logits[:, -1].argmax(-1).masked_fill(done, pad_id)
                 else:  # ids and masks checked above, new ids from the argmax: only the length is left to check
-                    model._check_length(model.dec_pos, step + 1, "a target")
+                    model.check_length(model.dec_scheme, step + 1, "a target")
                     try:
                         nxt = step_fn(model, inp, memory, src_key_padding_mask, cache, done, pad_id)
                     except Exception as err:  # noqa: BLE001 (no working compiler: decode uncompiled)

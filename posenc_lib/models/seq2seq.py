@@ -27,6 +27,7 @@ from torch import nn
 
 from ..attention.layer import MultiHeadAttention, PositionScheme, on_host
 from ..schemes.registry import canonical_pe, make_scheme
+from ..utils import renamed_keys_hook
 from ..checks import (check_divides, check_float_range, check_int_range, check_padding_mask, check_positive_int,
                       check_token_tensor)
 
@@ -69,9 +70,9 @@ class EncoderLayer(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x, pad_mask, pos, ctx, layer):
+    def forward(self, x, pad_mask, scheme, prep, layer):
         def sa(h):
-            return self.self_attn(h, key_padding_mask=pad_mask, pos=pos, ctx=ctx, layer=layer)
+            return self.self_attn(h, key_padding_mask=pad_mask, scheme=scheme, prep=prep, layer=layer)
 
         if self.norm_first:
             x = x + self.drop(sa(self.norm1(x)))
@@ -90,10 +91,10 @@ class DecoderLayer(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x, memory, tgt_pad_mask, mem_pad_mask, pos, ctx, layer, cache=None):
+    def forward(self, x, memory, tgt_pad_mask, mem_pad_mask, scheme, prep, layer, cache=None):
         def sa(h):
             c = cache["self"] if cache is not None else None
-            return self.self_attn(h, key_padding_mask=tgt_pad_mask, causal=True, pos=pos, ctx=ctx, layer=layer, cache=c)
+            return self.self_attn(h, key_padding_mask=tgt_pad_mask, causal=True, scheme=scheme, prep=prep, layer=layer, cache=c)
 
         def ca(h):
             c = cache["cross"] if cache is not None else None
@@ -108,13 +109,13 @@ class DecoderLayer(nn.Module):
         x = self.norm2(x + _dropout(drop, ca(x)))
         return self.norm3(x + _dropout(drop, self.ff(x)))
 
-    def step(self, x, memory, mem_pad_mask, pos, ctx, layer, cache):
+    def step(self, x, memory, mem_pad_mask, scheme, prep, layer, cache):
         """:meth:`forward` of a cached decoding step of a pre-norm layer in evaluation (no dropout, no target
         padding): the same operations, with fewer Python calls between them (a step at batch 8 is made of many
         small operations); hooks on the layer itself are not called (its attention and linear modules run as usual)."""
         n1, n2, n3 = self.norm1, self.norm2, self.norm3
         h = F.layer_norm(x, n1.normalized_shape, n1.weight, n1.bias, n1.eps)
-        x = x + self.self_attn(h, causal=True, pos=pos, ctx=ctx, layer=layer, cache=cache["self"])
+        x = x + self.self_attn(h, causal=True, scheme=scheme, prep=prep, layer=layer, cache=cache["self"])
         h = F.layer_norm(x, n2.normalized_shape, n2.weight, n2.bias, n2.eps)
         x = x + self.cross_attn(h, memory, key_padding_mask=mem_pad_mask, cache=cache["cross"])
         h = F.layer_norm(x, n3.normalized_shape, n3.weight, n3.bias, n3.eps)
@@ -193,10 +194,12 @@ class Seq2SeqTransformer(nn.Module):
         norm_first = _check_bool("norm_first", norm_first)
         tie_embeddings = _check_bool("tie_embeddings", tie_embeddings)
         self.pe_options = dict(pe_options)
-        self.enc_pos: PositionScheme = make_scheme(self.pe, d_model, n_heads, num_layers, causal=False, **pe_options)
-        self.dec_pos: PositionScheme = make_scheme(
+        self.enc_scheme: PositionScheme = make_scheme(self.pe, d_model, n_heads, num_layers, causal=False, **pe_options)
+        self.dec_scheme: PositionScheme = make_scheme(
             self.pe, d_model, n_heads, num_decoder_layers, causal=True, **pe_options
         )
+        # checkpoints saved before the schemes were renamed (enc_pos, dec_pos) load as they are
+        self.register_load_state_dict_pre_hook(renamed_keys_hook({"enc_pos": "enc_scheme", "dec_pos": "dec_scheme"}))
         self.embed = nn.Embedding(vocab_size, d_model)
         nn.init.normal_(self.embed.weight, std=d_model**-0.5)
         if tie_embeddings:
@@ -239,17 +242,18 @@ class Seq2SeqTransformer(nn.Module):
                 f"vocabulary: vocab_size={self.vocab_size}, valid ids 0..{self.vocab_size - 1}{note}"
             )
 
-    def _check_length(self, scheme: PositionScheme, n_positions: int, where: str) -> None:
+    def check_length(self, scheme: PositionScheme, n_positions: int, what: str) -> None:
         """Reject a sequence longer than the scheme's table with plain ints (no device read)."""
         limit = scheme.max_positions
         if limit is not None and n_positions > limit:
             raise ValueError(
                 f"position {n_positions - 1} is beyond the {scheme.name} table (max_len={limit}, valid "
-                f"positions 0..{limit - 1}) in {where} of {n_positions} tokens; build the model with a larger "
+                f"positions 0..{limit - 1}) in {what} of {n_positions} tokens; build the model with a larger "
                 f"max_len or use a scheme defined at every position (sinusoidal, rope, t5, alibi, ...)"
             )
 
-    def _embed(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
+    def embed_tokens(self, table: nn.Embedding, tokens: torch.Tensor, scheme: PositionScheme, positions: torch.Tensor):
+        """``tokens`` through ``table``, scaled by sqrt(d_model), plus ``scheme``'s code of ``positions`` if it adds one."""
         x = table(tokens) * math.sqrt(self.d_model)
         code = scheme.embed(positions)
         if code is not None:
@@ -259,13 +263,13 @@ class Seq2SeqTransformer(nn.Module):
     def encode(self, src: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, S)`` int64 -> memory ``(B, S, d_model)``."""
         self._check_ids("src", src)
-        self._check_length(self.enc_pos, src.shape[1], "a source")
+        self.check_length(self.enc_scheme, src.shape[1], "a source")
         check_padding_mask("src_key_padding_mask", src_key_padding_mask, *src.shape)
-        pos = torch.arange(src.shape[1], device=src.device)
-        x = self._embed(self.embed, src, self.enc_pos, pos)
-        ctx = self.enc_pos.prepare(pos, pos)
+        positions = torch.arange(src.shape[1], device=src.device)
+        x = self.embed_tokens(self.embed, src, self.enc_scheme, positions)
+        prep = self.enc_scheme.prepare(positions, positions)
         for i, layer in enumerate(self.encoder):
-            x = layer(x, src_key_padding_mask, self.enc_pos, ctx, i)
+            x = layer(x, src_key_padding_mask, self.enc_scheme, prep, i)
         return self.enc_norm(x)
 
     def decode(
@@ -283,7 +287,7 @@ class Seq2SeqTransformer(nn.Module):
             raise TypeError(f"cache must be a DecoderCache (model.new_cache()) or None, got {type(cache).__name__}")
         offset = cache.offset if cache is not None else 0
         t = tgt.shape[1]
-        self._check_length(self.dec_pos, offset + t, "a target")
+        self.check_length(self.dec_scheme, offset + t, "a target")
         check_padding_mask("tgt_key_padding_mask", tgt_key_padding_mask, tgt.shape[0], offset + t)
         self._check_memory(memory, tgt.shape[0])
         check_padding_mask("memory_key_padding_mask", memory_key_padding_mask, *memory.shape[:2])
@@ -322,18 +326,18 @@ class Seq2SeqTransformer(nn.Module):
         t = tgt.shape[1]
         q_pos = torch.arange(offset, offset + t, device=tgt.device)
         k_pos = torch.arange(0, offset + t, device=tgt.device)
-        x = self._embed(self.tgt_embed, tgt, self.dec_pos, q_pos)
+        x = self.embed_tokens(self.tgt_embed, tgt, self.dec_scheme, q_pos)
         if cache is not None:
-            ctx = self.dec_pos.prepare_step(q_pos, k_pos, cache.scheme_state)
+            prep = self.dec_scheme.prepare_step(q_pos, k_pos, cache.scheme_state)
         else:
-            ctx = self.dec_pos.prepare(q_pos, k_pos)
+            prep = self.dec_scheme.prepare(q_pos, k_pos)
         lean = cache is not None and self.norm_first and not self.training and tgt_key_padding_mask is None
         for i, layer in enumerate(self.decoder):
             c = cache.layers[i] if cache is not None else None
             if lean:  # a cached step in evaluation: DecoderLayer.step, the same operations with fewer calls
-                x = layer.step(x, memory, memory_key_padding_mask, self.dec_pos, ctx, i, c)
+                x = layer.step(x, memory, memory_key_padding_mask, self.dec_scheme, prep, i, c)
             else:
-                x = layer(x, memory, tgt_key_padding_mask, memory_key_padding_mask, self.dec_pos, ctx, i, c)
+                x = layer(x, memory, tgt_key_padding_mask, memory_key_padding_mask, self.dec_scheme, prep, i, c)
         if cache is not None:
             cache.offset += t
         return self.logits(self.dec_norm(x))
@@ -348,7 +352,7 @@ class Seq2SeqTransformer(nn.Module):
         """
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         rows = x.shape[0] * x.shape[1]
-        packed = getattr(self, "_packed_logits", None)  # set while a decoding loop runs (decoding.packed_weights)
+        packed = getattr(self, "packed_logits", None)  # set while a decoding loop runs (decoding.packed_weights)
         if packed is not None and rows <= FEW_ROWS:
             return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         if rows <= FEW_ROWS and on_host(x):

@@ -135,7 +135,7 @@ class LearnedScheme(PositionScheme):
     """Adds a learned absolute table (``max_len`` rows) to the token embeddings."""
 
     name = "learned"
-    where = "input"
+    enters = "input"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, max_len: int = 512, init_std: float = 1.0):
         super().__init__(d_model, n_heads, num_layers, causal)

@@ -115,7 +115,7 @@ def _alibi_bias(q_pos: torch.Tensor, k_pos: torch.Tensor, slopes: torch.Tensor, 
                  paper="Press et al. 2022, Train Short, Test Long (ALiBi)")
 class ALiBi(PositionScheme):
     name = "alibi"
-    where = "scores (bias)"
+    enters = "scores (bias)"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, bidirectional: str = "symmetric"):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -145,12 +145,12 @@ class ALiBi(PositionScheme):
         first = int(k_pos[0]) - int(q_pos[-1])  # the offset j - i of row q_len - 1, column 0
         offsets = torch.arange(first, first + q_len + k_len - 1, device=self.slopes.device)
         slopes = self.slopes.float()[None]
-        left = self._left_slopes()
+        left = self.left_slopes()
         if left is not None:
             slopes = torch.where(offsets[:, None] < 0, left.float()[None], slopes)
         return -(offsets.abs().float()[:, None] * slopes)
 
-    def _left_slopes(self) -> torch.Tensor | None:
+    def left_slopes(self) -> torch.Tensor | None:
         """The slopes for keys left of the query where they differ from :attr:`slopes` (the directional encoder)."""
         if self.bidirectional == "directional" and not self.causal:
             return directional_left_slopes(self.slopes)
@@ -166,19 +166,19 @@ class ALiBi(PositionScheme):
         if values is not None:
             return {"q_pos": q_pos, "k_pos": k_pos, "offset_values": values}
         split = self.bidirectional == "split" and not self.causal
-        bias = _alibi_bias(q_pos, k_pos, self.slopes, split, self._left_slopes())
+        bias = _alibi_bias(q_pos, k_pos, self.slopes, split, self.left_slopes())
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias}
 
-    def offset_bias(self, ctx) -> torch.Tensor | None:
+    def offset_bias(self, prep) -> torch.Tensor | None:
         """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where
         the context has one value per offset (see :meth:`prepare`); ``None`` otherwise."""
-        values = ctx.get("offset_values")
+        values = prep.get("offset_values")
         return None if values is None else values.t().contiguous()
 
     def extra_repr(self):
         return f"causal={self.causal}, bidirectional={self.bidirectional!r}"
 
-    def bias(self, ctx, layer):
-        if "bias" not in ctx:  # built once, shared by the stack's layers (the context is the stack's)
-            ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
-        return ctx["bias"]
+    def bias(self, prep, layer):
+        if "bias" not in prep:  # built once, shared by the stack's layers (the context is the stack's)
+            prep["bias"] = toeplitz_bias(prep["offset_values"], prep["q_pos"].numel(), prep["k_pos"].numel())
+        return prep["bias"]

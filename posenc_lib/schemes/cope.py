@@ -145,7 +145,7 @@ class CoPE(PositionScheme):
     """Per layer a table of ``max_pos`` position embeddings (``2 * max_pos`` in a bidirectional stack)."""
 
     name = "cope"
-    where = "scores"
+    enters = "scores"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, max_pos: int = 64):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -155,25 +155,25 @@ class CoPE(PositionScheme):
         #: the attention's scale (as MultiHeadAttention computes it), which the gates share
         self.gate_scale = 1.0 / math.sqrt(self.head_dim * self.score_terms)
 
-    def query_slice(self, ctx, start, end):
-        return {**ctx, "q_pos": ctx["q_pos"][start:end]}
+    def query_slice(self, prep, start, end):
+        return {**prep, "q_pos": prep["q_pos"][start:end]}
 
-    def key_slice(self, ctx, k_end):
+    def key_slice(self, prep, k_end):
         # a causal block's keys after its last query have gate 0 for every row: dropping them changes no count
-        return {**ctx, "k_pos": ctx["k_pos"][:k_end]}
+        return {**prep, "k_pos": prep["k_pos"][:k_end]}
 
-    def scores(self, q, k, ctx, layer, attn):
-        return self.scores_from_parts(q, k, self.score_parts(q, ctx, layer, attn), ctx)
+    def scores(self, q, k, prep, layer, attn):
+        return self.scores_from_parts(q, k, self.score_parts(q, prep, layer, attn), prep)
 
-    def score_parts(self, q, ctx, layer, attn):
+    def score_parts(self, q, prep, layer, attn):
         """What the score term is built from (besides ``q`` and ``k``): this layer's position embeddings."""
         return (self.pos_emb[layer],)
 
-    def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
+    def scores_from_parts(self, q, k, parts, prep, scale: float = 1.0):
         """The term in the attention's unscaled units (it is multiplied by the attention's scale later),
         times ``scale``: with ``scale`` = the attention's scale this is the paper's term itself."""
         (table,) = parts
-        term = cope_term(q, k, table, ctx["q_pos"], ctx["k_pos"], self.gate_scale, self.max_pos, self.causal)
+        term = cope_term(q, k, table, prep["q_pos"], prep["k_pos"], self.gate_scale, self.max_pos, self.causal)
         return term.mul_(scale / self.gate_scale) if scale != self.gate_scale else term
 
     def extra_repr(self):

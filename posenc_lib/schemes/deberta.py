@@ -73,14 +73,14 @@ def disentangled_scores(q, k, pos_q, pos_k, index, ends=None):
     """c2p + p2c terms (unscaled).
 
     ``q: (B, H, Lq, d)``, ``k: (B, H, Lk, d)``, ``pos_q, pos_k: (H, 2k, d)`` (projected
-    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.  ``ends``: :func:`_clipped_ends` of
+    relative embeddings), ``index: (Lq, Lk)`` -> ``(B, H, Lq, Lk)``.  ``ends``: :func:`clipped_ends` of
     ``index`` where the caller knows it.
     """
     if q.shape[2] == 1:  # one query (a cached decoding step): only its Lk buckets are needed
         return _one_query(q, k, pos_q, pos_k, index[0])
     c2p_all = q @ pos_k.transpose(-1, -2)  # (B, H, Lq, 2k): every query against every bucket
     p2c_all = pos_q @ k.transpose(-1, -2)  # (B, H, 2k, Lk): every bucket against every key
-    left, right = _clipped_ends(index) if ends is None else ends
+    left, right = clipped_ends(index) if ends is None else ends
     if left + (index.shape[1] - right) < index.shape[1] // 4:
         return _gathered(c2p_all, p2c_all, index)
     # keys far enough left (right) of every query of the block share the last (first) bucket: there the
@@ -122,19 +122,19 @@ def _gathered(c2p_all, p2c_all, index):
     return c2p.add_(p2c_all.gather(-2, idx))
 
 
-def _ends_of(ctx: dict) -> tuple[int, int]:
-    """:func:`_clipped_ends` of ``ctx["index"]``, worked out once per forward pass for each block's slice of it (the
+def _ends_of(prep: dict) -> tuple[int, int]:
+    """:func:`clipped_ends` of ``prep["index"]``, worked out once per forward pass for each block's slice of it (the
     layers of a stack share them; the cache lives in the context :meth:`DebertaDisentangled.prepare` made)."""
-    index, cache = ctx["index"], ctx.get("ends_cache")
+    index, cache = prep["index"], prep.get("ends_cache")
     if cache is None:
-        return _clipped_ends(index)
+        return clipped_ends(index)
     key = (index.data_ptr(), tuple(index.shape), index.stride())
     if key not in cache:
-        cache[key] = _clipped_ends(index)
+        cache[key] = clipped_ends(index)
     return cache[key]
 
 
-def _clipped_ends(index: torch.Tensor) -> tuple[int, int]:
+def clipped_ends(index: torch.Tensor) -> tuple[int, int]:
     """``(left, right)``: columns ``< left`` hold ``index[0, 0]`` in every row and columns ``>= right`` hold
     ``index[0, -1]`` (the clipped distances of a long block); ``(0, Lk)`` off the CPU (no host read)."""
     lk = index.shape[1]
@@ -154,7 +154,7 @@ class DebertaDisentangled(PositionScheme):
 
     name = "deberta"
     clipped_sides = True
-    where = "scores"
+    enters = "scores"
     score_terms = 3
 
     def __init__(
@@ -190,20 +190,20 @@ class DebertaDisentangled(PositionScheme):
         table = distance_table(state, "deberta_index", k_pos.shape[0], build, q_pos.device)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": table[q_pos - k_pos][None], "step_state": state}
 
-    def query_slice(self, ctx, start, end):
-        return {**ctx, "q_pos": ctx["q_pos"][start:end], "index": ctx["index"][start:end]}
+    def query_slice(self, prep, start, end):
+        return {**prep, "q_pos": prep["q_pos"][start:end], "index": prep["index"][start:end]}
 
-    def key_slice(self, ctx, k_end):
-        return {**ctx, "k_pos": ctx["k_pos"][:k_end], "index": ctx["index"][:, :k_end]}
+    def key_slice(self, prep, k_end):
+        return {**prep, "k_pos": prep["k_pos"][:k_end], "index": prep["index"][:, :k_end]}
 
-    def key_range(self, ctx, start, end):
-        return {**ctx, "k_pos": ctx["k_pos"][start:end], "index": ctx["index"][:, start:end]}
+    def key_range(self, prep, start, end):
+        return {**prep, "k_pos": prep["k_pos"][start:end], "index": prep["index"][:, start:end]}
 
-    def block_sides(self, ctx):
+    def block_sides(self, prep):
         """``(lo, hi, edges)`` of a query block's context: keys ``0:lo`` at one bucket in every row (far enough to be
         clipped), keys ``hi:`` at another; ``edges``, those two buckets."""
-        index = ctx["index"]
-        lo, hi = _ends_of(ctx)
+        index = prep["index"]
+        lo, hi = _ends_of(prep)
         if index.numel() == 0:
             return lo, hi, (None, None)
         return lo, hi, (int(index[0, 0]), int(index[0, -1]))
@@ -215,35 +215,35 @@ class DebertaDisentangled(PositionScheme):
         row = (q @ pos_k[:, edge, :, None]).squeeze(-1) * scale  # (B, H, rows)
         return row, pos_q[None, :, edge, None, :]
 
-    def scores(self, q, k, ctx, layer, attn):
-        state = ctx.get("step_state")  # decoding with a cache: the projections do not change between steps
+    def scores(self, q, k, prep, layer, attn):
+        state = prep.get("step_state")  # decoding with a cache: the projections do not change between steps
         key = ("deberta_pos", layer, q.dtype)
         if state is not None and key in state:
             pos_q, pos_k = state[key]
         else:
-            pos_q, pos_k = self.score_parts(q, ctx, layer, attn)
+            pos_q, pos_k = self.score_parts(q, prep, layer, attn)
             if state is not None:
                 state[key] = pos_q, pos_k
-        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"], _ends_of(ctx) if q.shape[2] > 1 else None)
+        return disentangled_scores(q, k, pos_q, pos_k, prep["index"], _ends_of(prep) if q.shape[2] > 1 else None)
 
-    def score_parts(self, q, ctx, layer, attn):
+    def score_parts(self, q, prep, layer, attn):
         """What the score terms are built from: the relative embeddings through this layer's q and k projections."""
-        rel = (ctx["rel"] if "rel" in ctx else self.rel_norm(self.rel_embeddings.weight)).to(q.dtype)
+        rel = (prep["rel"] if "rel" in prep else self.rel_norm(self.rel_embeddings.weight)).to(q.dtype)
         h, dh = self.n_heads, self.head_dim
         pos_q = attn.q_proj(rel).view(-1, h, dh).transpose(0, 1)  # (H, 2k, dh)
         pos_k = attn.k_proj(rel).view(-1, h, dh).transpose(0, 1)
         return pos_q, pos_k
 
-    def block_parts(self, parts, ctx, start, end, n):
+    def block_parts(self, parts, prep, start, end, n):
         """The projected tables depend on the layer only: every query block uses them whole."""
         return parts
 
-    def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
+    def scores_from_parts(self, q, k, parts, prep, scale: float = 1.0):
         """c2p + p2c from the projected tables ``parts``, times ``scale`` (applied to the tables)."""
         pos_q, pos_k = parts
         if scale != 1.0:
             pos_q, pos_k = pos_q * scale, pos_k * scale
-        return disentangled_scores(q, k, pos_q, pos_k, ctx["index"], _ends_of(ctx))
+        return disentangled_scores(q, k, pos_q, pos_k, prep["index"], _ends_of(prep))
 
     def extra_repr(self):
         return (

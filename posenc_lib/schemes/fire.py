@@ -144,7 +144,7 @@ class FIRE(PositionScheme):
     """One FIRE (MLP, ``c``, threshold multiplier) per layer, or one for the stack (``shared_layers``)."""
 
     name = "fire"
-    where = "scores (bias)"
+    enters = "scores (bias)"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, mlp_width: int = 32, init_c: float = 0.1,
                  init_L: float = 512.0, shared_layers: bool = False):  # fmt: skip
@@ -190,15 +190,15 @@ class FIRE(PositionScheme):
 
     def prepare(self, q_pos, k_pos):
         check_positions(q_pos, k_pos)
-        ctx = {"q_pos": q_pos, "k_pos": k_pos}
+        prep = {"q_pos": q_pos, "k_pos": k_pos}
         if self.shared_layers:  # FIRE-S: one bias for every layer of the stack, as T5's
-            ctx["bias"] = self.compute_bias(q_pos, k_pos, 0)
-        return ctx
+            prep["bias"] = self.compute_bias(q_pos, k_pos, 0)
+        return prep
 
-    def bias(self, ctx, layer):
-        if "bias" in ctx:
-            return ctx["bias"]
-        return self.compute_bias(ctx["q_pos"], ctx["k_pos"], layer)
+    def bias(self, prep, layer):
+        if "bias" in prep:
+            return prep["bias"]
+        return self.compute_bias(prep["q_pos"], prep["k_pos"], layer)
 
     def extra_repr(self):
         return (f"causal={self.causal}, mlp_width={self.mlp_width}, init_L={self.init_L:g}, "

@@ -61,7 +61,7 @@ class Kerple(PositionScheme):
     """Per layer and head ``r1``, ``r2`` of the chosen ``kernel`` ("log", the paper's best, or "power")."""
 
     name = "kerple"
-    where = "scores (bias)"
+    enters = "scores (bias)"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, kernel: str = "log"):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -85,8 +85,8 @@ class Kerple(PositionScheme):
             return table_bias(kerple_kernel(distances, r1, r2, self.kernel), dist)
         return kerple_kernel(dist, r1, r2, self.kernel).permute(2, 0, 1)[None]
 
-    def bias(self, ctx, layer):
-        return self.compute_bias(ctx["q_pos"], ctx["k_pos"], layer)
+    def bias(self, prep, layer):
+        return self.compute_bias(prep["q_pos"], prep["k_pos"], layer)
 
     def extra_repr(self):
         return f"causal={self.causal}, kernel={self.kernel!r}"

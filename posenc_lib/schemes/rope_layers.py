@@ -76,15 +76,15 @@ class NoPETemperature(PositionScheme):
     """
 
     name = "nope+temperature"
-    where = "q (scaled)"
+    enters = "q (scaled)"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, floor_scale: float = 8192, attn_scale: float = 0.1):
         super().__init__(d_model, n_heads, num_layers, causal)
         llama4_attention_scale(torch.zeros(1), floor_scale, attn_scale)  # reject bad values now
         self.floor_scale, self.attn_scale = floor_scale, attn_scale
 
-    def rotate(self, q, k, ctx, layer):
-        scale = llama4_attention_scale(ctx["q_pos"], self.floor_scale, self.attn_scale)
+    def rotate(self, q, k, prep, layer):
+        scale = llama4_attention_scale(prep["q_pos"], self.floor_scale, self.attn_scale)
         return (q * scale[:, None]).to(q.dtype), k
 
     def extra_repr(self):

@@ -104,10 +104,12 @@ def apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, in
     except RuntimeError:
         raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must broadcast to x's shape "
                          f"{tuple(x.shape)} (seq, head_dim)") from None  # fmt: skip
-    return _apply_rope_cos_sin(x, cos, sin, check_bool("interleaved", interleaved))
+    return apply_rope_cos_sin_unchecked(x, cos, sin, check_bool("interleaved", interleaved))
 
 
-def _apply_rope_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def apply_rope_cos_sin_unchecked(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
     """:func:`apply_rope_cos_sin` without its checks: the schemes' rotation at every layer and decoding step."""
     rot = _rotate_pairs(x) if interleaved else _rotate_half(x)
     out = x.float() * cos + rot.float() * sin
@@ -139,7 +141,7 @@ def apply_rope(
     """
     seq, head_dim, positions = _checked_positions(x, positions)
     cos, sin = rope_cos_sin(positions, head_dim, base, interleaved)
-    return _apply_rope_cos_sin(x, cos, sin, interleaved)
+    return apply_rope_cos_sin_unchecked(x, cos, sin, interleaved)
 
 
 def apply_rope_complex(x: torch.Tensor, positions: torch.Tensor | None = None, *, base: float = 10000.0) -> torch.Tensor:
@@ -234,7 +236,7 @@ class RotaryScheme(PositionScheme):
     """
 
     name = "rope"
-    where = "q,k"
+    enters = "q,k"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0, interleaved: bool = True,
                  scaling: dict | None = None, rotary_dim: int | None = None):  # fmt: skip
@@ -251,13 +253,14 @@ class RotaryScheme(PositionScheme):
         cos, sin = self.cache.cos_sin(q_pos, k_pos.max() + 1 if k_pos.numel() else None)
         return {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
 
-    def rotate(self, q, k, ctx, layer):
-        cos, sin = ctx["cos"], ctx["sin"]
+    def rotate(self, q, k, prep, layer):
+        cos, sin = prep["cos"], prep["sin"]
         r = self.rotary_dim
         if r == self.head_dim:
-            return _apply_rope_cos_sin(q, cos, sin, self.interleaved), _apply_rope_cos_sin(k, cos, sin, self.interleaved)
-        q = torch.cat((_apply_rope_cos_sin(q[..., :r], cos, sin, self.interleaved), q[..., r:]), dim=-1)
-        k = torch.cat((_apply_rope_cos_sin(k[..., :r], cos, sin, self.interleaved), k[..., r:]), dim=-1)
+            rotate = apply_rope_cos_sin_unchecked
+            return rotate(q, cos, sin, self.interleaved), rotate(k, cos, sin, self.interleaved)
+        q = torch.cat((apply_rope_cos_sin_unchecked(q[..., :r], cos, sin, self.interleaved), q[..., r:]), dim=-1)
+        k = torch.cat((apply_rope_cos_sin_unchecked(k[..., :r], cos, sin, self.interleaved), k[..., r:]), dim=-1)
         return q, k
 
     def extra_repr(self):

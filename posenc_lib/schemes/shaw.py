@@ -175,7 +175,7 @@ class ShawRelative(PositionScheme):
 
     name = "shaw"
     clipped_sides = True
-    where = "scores + values"
+    enters = "scores + values"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, max_relative_position: int = 16):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -190,16 +190,16 @@ class ShawRelative(PositionScheme):
         plan = shaw_plan(index, 2 * self.max_relative_position + 1)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "plan": plan}
 
-    def query_slice(self, ctx, start, end):
-        plan = self.block_plan(ctx, start, end, ctx["index"].shape[1])
-        return {"q_pos": ctx["q_pos"][start:end], "k_pos": ctx["k_pos"], "index": plan.index, "plan": plan}
+    def query_slice(self, prep, start, end):
+        plan = self.block_plan(prep, start, end, prep["index"].shape[1])
+        return {"q_pos": prep["q_pos"][start:end], "k_pos": prep["k_pos"], "index": plan.index, "plan": plan}
 
-    def block_plan(self, ctx, start, end, k_end):
+    def block_plan(self, prep, start, end, k_end):
         """The plan of query rows ``start:end`` and keys ``0:k_end``, built once per forward pass and
         shared by the layers of the stack."""
-        plans = ctx.setdefault("block_plans", {})
+        plans = prep.setdefault("block_plans", {})
         if (start, end, k_end) not in plans:
-            index = ctx["index"][start:end, :k_end]
+            index = prep["index"][start:end, :k_end]
             plans[start, end, k_end] = shaw_plan(index, 2 * self.max_relative_position + 1)
         return plans[start, end, k_end]
 
@@ -211,17 +211,17 @@ class ShawRelative(PositionScheme):
         index = shaw_index(q_pos, k_pos, self.max_relative_position)
         return {"q_pos": q_pos, "k_pos": k_pos, "index": index, "step_state": state}
 
-    def scores(self, q, k, ctx, layer, attn):
-        if "plan" not in ctx and q.shape[2] == 1:  # one query row: q . a^K of each key's bucket
-            return (q @ self.table_k[layer].to(q.dtype).t()).index_select(-1, ctx["index"][0])
-        return shaw_key_scores(q, self.table_k[layer].to(q.dtype), ctx["index"], ctx.get("plan"))
+    def scores(self, q, k, prep, layer, attn):
+        if "plan" not in prep and q.shape[2] == 1:  # one query row: q . a^K of each key's bucket
+            return (q @ self.table_k[layer].to(q.dtype).t()).index_select(-1, prep["index"][0])
+        return shaw_key_scores(q, self.table_k[layer].to(q.dtype), prep["index"], prep.get("plan"))
 
-    def values(self, probs, ctx, layer):
-        if "plan" not in ctx and probs.shape[2] == 1:  # one query row: its attention mass per bucket, times a^V
+    def values(self, probs, prep, layer):
+        if "plan" not in prep and probs.shape[2] == 1:  # one query row: its attention mass per bucket, times a^V
             b, h, _, _ = probs.shape
-            mass = probs.new_zeros(b, h, 1, self.table_v.shape[1]).index_add_(-1, ctx["index"][0], probs)
+            mass = probs.new_zeros(b, h, 1, self.table_v.shape[1]).index_add_(-1, prep["index"][0], probs)
             return mass @ self.table_v[layer].to(probs.dtype)
-        return shaw_value_term(probs, self.table_v[layer], ctx["index"], ctx.get("plan"))
+        return shaw_value_term(probs, self.table_v[layer], prep["index"], prep.get("plan"))
 
     def extra_repr(self):
         return f"causal={self.causal}, max_relative_position={self.max_relative_position}"

@@ -170,12 +170,12 @@ def max_cos_sin_difference(name: str, positions: torch.Tensor) -> dict[str, floa
         if key is None:  # a NoPE layer
             continue
         layer = make_scheme(scheme, config.hidden_size, config.num_attention_heads, 1, causal=True, **options)
-        ctx = layer.prepare(positions, positions)
+        prep = layer.prepare(positions, positions)
         interleaved = options["interleaved"]
         cos_ref, sin_ref = refs[key]
         if kind == "gemma3_text":
             cos_ref, sin_ref = _pairs(cos_ref[0], False), _pairs(sin_ref[0], False)
         else:
             cos_ref, sin_ref = cos_ref[0], sin_ref[0]
-        record(key, (_pairs(ctx["cos"], interleaved), _pairs(ctx["sin"], interleaved)), (cos_ref, sin_ref))
+        record(key, (_pairs(prep["cos"], interleaved), _pairs(prep["sin"], interleaved)), (cos_ref, sin_ref))
     return out

@@ -120,7 +120,7 @@ class SinusoidalScheme(PositionScheme):
     """Adds the sinusoidal table to the token embeddings (input level)."""
 
     name = "sinusoidal"
-    where = "input"
+    enters = "input"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0):
         super().__init__(d_model, n_heads, num_layers, causal)

@@ -89,7 +89,7 @@ class T5Bias(PositionScheme):
     """One learned scalar per (bucket, head), shared by the layers of a stack."""
 
     name = "t5"
-    where = "scores (bias)"
+    enters = "scores (bias)"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, num_buckets: int = 32, max_distance: int = 128):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -153,32 +153,32 @@ class T5Bias(PositionScheme):
         bias = table[q_pos - k_pos].t()[None, :, None, :]  # (1, heads, 1, k_len)
         return {"q_pos": q_pos, "k_pos": k_pos, "bias": bias, "step_state": state}
 
-    def bias(self, ctx, layer):
-        if "bias" not in ctx:  # built once, shared by the stack's layers (the context is the stack's)
-            ctx["bias"] = toeplitz_bias(ctx["offset_values"], ctx["q_pos"].numel(), ctx["k_pos"].numel())
-        return ctx["bias"]
+    def bias(self, prep, layer):
+        if "bias" not in prep:  # built once, shared by the stack's layers (the context is the stack's)
+            prep["bias"] = toeplitz_bias(prep["offset_values"], prep["q_pos"].numel(), prep["k_pos"].numel())
+        return prep["bias"]
 
-    def offset_runs(self, ctx) -> tuple[int, int] | None:
+    def offset_runs(self, prep) -> tuple[int, int] | None:
         """``(a, z)`` for the values per offset of :meth:`offset_bias`: offsets ``0:a`` share the first one's bucket
         and offsets ``z:`` the last one's (every distance from ``max_distance`` on is one bucket), so their keys can
         run without a mask (:func:`~posenc_lib.kernels.offsets.offset_bias_attention`); ``None`` without values per
         offset.  Worked out once per context."""
-        if "offset_values" not in ctx:
+        if "offset_values" not in prep:
             return None
-        if "offset_runs" not in ctx:
-            q_pos, k_pos = ctx["q_pos"], ctx["k_pos"]
+        if "offset_runs" not in prep:
+            q_pos, k_pos = prep["q_pos"], prep["k_pos"]
             first = int(k_pos[0]) - int(q_pos[-1])
             offsets = torch.arange(first, first + q_pos.numel() + k_pos.numel() - 1)
             buckets = t5_relative_bucket(offsets, not self.causal, self.num_buckets, self.max_distance)
             a = int((buckets == buckets[0]).long().cumprod(0).sum())
             z = buckets.numel() - int((buckets == buckets[-1]).flip(0).long().cumprod(0).sum())
-            ctx["offset_runs"] = a, max(a, z)
-        return ctx["offset_runs"]
+            prep["offset_runs"] = a, max(a, z)
+        return prep["offset_runs"]
 
-    def offset_bias(self, ctx) -> torch.Tensor | None:
+    def offset_bias(self, prep) -> torch.Tensor | None:
         """``(heads, q_len + k_len - 1)`` float32 with ``bias[h, i, j] = offset_bias[h, j - i + q_len - 1]``, where
         the context has one value per offset (see :meth:`prepare`); ``None`` otherwise."""
-        values = ctx.get("offset_values")
+        values = prep.get("offset_values")
         return None if values is None else values.float().t().contiguous()
 
     def extra_repr(self):

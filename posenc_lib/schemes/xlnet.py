@@ -96,7 +96,7 @@ class XLNetRelative(PositionScheme):
     """Per-layer ``W_R`` (d_model -> heads*head_dim) and global biases ``u``, ``v`` (heads, head_dim)."""
 
     name = "xlnet"
-    where = "scores"
+    enters = "scores"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, base: float = 10000.0):
         super().__init__(d_model, n_heads, num_layers, causal)
@@ -119,19 +119,19 @@ class XLNetRelative(PositionScheme):
             return {"q_pos": q_pos, "k_pos": k_pos, "step_state": state}
         return super().prepare_step(q_pos, k_pos, state)
 
-    def query_slice(self, ctx, start, end):
+    def query_slice(self, prep, start, end):
         # R holds distances dmax, dmax - 1, ... for all queries; the block's last query is
         # (q_len - end) positions earlier, so its distances start that many rows further down
-        lq, lk = ctx["q_pos"].numel(), ctx["k_pos"].numel()
+        lq, lk = prep["q_pos"].numel(), prep["k_pos"].numel()
         first = lq - end
-        r = ctx["R"][first : first + (end - start) + lk - 1]
-        return {**ctx, "q_pos": ctx["q_pos"][start:end], "R": r}
+        r = prep["R"][first : first + (end - start) + lk - 1]
+        return {**prep, "q_pos": prep["q_pos"][start:end], "R": r}
 
-    def key_slice(self, ctx, k_end):
+    def key_slice(self, prep, k_end):
         # R of a block holds distances from its last query to key 0 down to its first query to the last
         # key: dropping the keys after k_end drops the smallest distances, the rows at the end of R
-        n = ctx["q_pos"].numel() + k_end - 1
-        return {**ctx, "k_pos": ctx["k_pos"][:k_end], "R": ctx["R"][:n]}
+        n = prep["q_pos"].numel() + k_end - 1
+        return {**prep, "k_pos": prep["k_pos"][:k_end], "R": prep["R"][:n]}
 
     def _decoding_r(self, state: dict, layer: int, k_len: int, dtype) -> torch.Tensor:
         """Projected ``R`` for distances ``0, 1, ..., k_len - 1`` (one cached decoding step), kept across steps.
@@ -142,25 +142,25 @@ class XLNetRelative(PositionScheme):
         build = lambda d: _sinusoid(d, self.d_model, self.base).to(dtype) @ self.r_proj[layer].to(dtype)  # noqa: E731
         return distance_table(state, ("xlnet_r", layer, dtype), k_len, build, self.r_proj.device)[:k_len]
 
-    def scores(self, q, k, ctx, layer, attn):
-        state = ctx.get("step_state")
+    def scores(self, q, k, prep, layer, attn):
+        state = prep.get("step_state")
         if state is not None and q.shape[2] == 1:  # a cached decoding step: key j is at distance k_len - 1 - j
             r = self._decoding_r(state, layer, k.shape[2], q.dtype)
             return _one_query_terms(q, k, r, self.u[layer].to(q.dtype), self.v[layer].to(q.dtype))
-        return self.scores_from_parts(q, k, self.score_parts(q, ctx, layer, attn), ctx)
+        return self.scores_from_parts(q, k, self.score_parts(q, prep, layer, attn), prep)
 
-    def score_parts(self, q, ctx, layer, attn):
+    def score_parts(self, q, prep, layer, attn):
         """What the score terms are built from: the projected distances ``R W_r`` and the biases ``u``, ``v``."""
-        return ctx["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype), self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)
+        return prep["R"].to(q.dtype) @ self.r_proj[layer].to(q.dtype), self.u[layer].to(q.dtype), self.v[layer].to(q.dtype)
 
-    def block_parts(self, parts, ctx, start, end, n):
+    def block_parts(self, parts, prep, start, end, n):
         """Query block ``start:end``'s rows of the projected distances (against keys ``0:n``), as :meth:`query_slice`
         and :meth:`key_slice` cut ``R``; ``u`` and ``v`` whole."""
         r, u, v = parts
-        first = ctx["q_pos"].numel() - end
+        first = prep["q_pos"].numel() - end
         return r[first : first + (end - start) + n - 1], u, v
 
-    def scores_from_parts(self, q, k, parts, ctx, scale: float = 1.0):
+    def scores_from_parts(self, q, k, parts, prep, scale: float = 1.0):
         """The score terms (c), (b)+(d) from ``parts``, times ``scale`` (applied to the small factors)."""
         r, u, v = parts
         h, dh = q.shape[1], q.shape[3]

@@ -44,7 +44,7 @@ import torch
 from ..attention.layer import PositionScheme, check_positions, on_host
 from .registry import register_scheme
 from ..checks import check_even, check_float_range, check_positive_int
-from .rotary import RotaryCache, _apply_rope_cos_sin
+from .rotary import RotaryCache, apply_rope_cos_sin_unchecked
 
 #: the largest ``|log(factor)|`` allowed (float32 and bfloat16 hold ``exp(+-88)``; a margin for the product)
 MAX_LOG_SCALE = 80.0
@@ -79,7 +79,7 @@ class XPos(PositionScheme):
     """
 
     name = "xpos"
-    where = "q,k"
+    enters = "q,k"
 
     def __init__(self, d_model, n_heads, num_layers, causal=False, scale_base: float = 512.0, gamma: float = 0.4,
                  base: float = 10000.0, interleaved: bool = True, rotary_dim: int | None = None):  # fmt: skip
@@ -109,9 +109,9 @@ class XPos(PositionScheme):
     def prepare(self, q_pos, k_pos):
         check_positions(q_pos, k_pos)
         cos, sin = self.cache.cos_sin(q_pos)
-        ctx = {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
+        prep = {"q_pos": q_pos, "k_pos": k_pos, "cos": cos, "sin": sin}
         if not self.causal:  # the library's bidirectional form: rotation only (not the paper's)
-            return ctx
+            return prep
         if on_host(q_pos) and q_pos.numel() and int(q_pos.abs().max()) > self.max_position:
             raise ValueError(
                 f"xpos: position {int(q_pos.abs().max())} is beyond position {self.max_position}, the last whose decay "
@@ -120,19 +120,19 @@ class XPos(PositionScheme):
             )
         up = xpos_scales(q_pos, self.zeta, self.scale_base, self.interleaved)
         down = xpos_scales(-q_pos, self.zeta, self.scale_base, self.interleaved)
-        return {**ctx, "cos_q": cos * up, "sin_q": sin * up, "cos_k": cos * down, "sin_k": sin * down}
+        return {**prep, "cos_q": cos * up, "sin_q": sin * up, "cos_k": cos * down, "sin_k": sin * down}
 
-    def rotate(self, q, k, ctx, layer):
+    def rotate(self, q, k, prep, layer):
         if self.causal:
-            tables_q, tables_k = (ctx["cos_q"], ctx["sin_q"]), (ctx["cos_k"], ctx["sin_k"])
+            tables_q, tables_k = (prep["cos_q"], prep["sin_q"]), (prep["cos_k"], prep["sin_k"])
         else:
-            tables_q = tables_k = (ctx["cos"], ctx["sin"])
+            tables_q = tables_k = (prep["cos"], prep["sin"])
         r = self.rotary_dim
         if r == self.head_dim:
-            q_rot = _apply_rope_cos_sin(q, *tables_q, self.interleaved)
-            return q_rot, _apply_rope_cos_sin(k, *tables_k, self.interleaved)
-        q = torch.cat((_apply_rope_cos_sin(q[..., :r], *tables_q, self.interleaved), q[..., r:]), dim=-1)
-        k = torch.cat((_apply_rope_cos_sin(k[..., :r], *tables_k, self.interleaved), k[..., r:]), dim=-1)
+            q_rot = apply_rope_cos_sin_unchecked(q, *tables_q, self.interleaved)
+            return q_rot, apply_rope_cos_sin_unchecked(k, *tables_k, self.interleaved)
+        q = torch.cat((apply_rope_cos_sin_unchecked(q[..., :r], *tables_q, self.interleaved), q[..., r:]), dim=-1)
+        k = torch.cat((apply_rope_cos_sin_unchecked(k[..., :r], *tables_k, self.interleaved), k[..., r:]), dim=-1)
         return q, k
 
     def extra_repr(self):

@@ -76,18 +76,18 @@ def timing_profile(prof: Profile, warm: int, updates: int) -> Profile:
     return replace(prof, max_steps=max(prof.max_steps, span), log_every=span, val_every=span, ckpt_every=span)
 
 
-def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None) -> dict:
+def measure_scheme(pe: str, job: dict, barrier=None, threads: int | None = None) -> dict:
     """Time one scheme's updates, validation and decoding (run in its own process when ``jobs > 1``)."""
     if threads:
         torch.set_num_threads(threads)
-    device, warm, updates = ctx["device"], ctx["warm"], ctx["updates"]
-    prof = timing_profile(ctx["prof"], warm, updates)
-    tok, data = ctx.get("tok"), ctx.get("data")
+    device, warm, updates = job["device"], job["warm"], job["updates"]
+    prof = timing_profile(job["prof"], warm, updates)
+    tok, data = job.get("tok"), job.get("data")
     if tok is None:
-        tok = get_tokenizer(prof.tokenizer, cache=Path(ctx["run_dir"]) / "tokenizer.json", vocab=ctx["vocab"])
-        data = torch.load(ctx["data_cache"], weights_only=False)
+        tok = get_tokenizer(prof.tokenizer, cache=Path(job["run_dir"]) / "tokenizer.json", vocab=job["vocab"])
+        data = torch.load(job["data_cache"], weights_only=False)
     # train_model resets CUDA's peak statistics as it starts: the peak read below is this model's own
-    work = Path(ctx["work_dir"]) / f"{pe}-{os.getpid()}"  # a scheme may be trained twice at once
+    work = Path(job["work_dir"]) / f"{pe}-{os.getpid()}"  # a scheme may be trained twice at once
     marks: dict = {"aligned": True if barrier is None else None}  # None: never reached the barrier
 
     def on_update(state):
@@ -118,7 +118,7 @@ def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None)
         validation_loss(model, data["dev"], tok, device, prec)
         _sync(device)
         val_s = time.perf_counter() - t
-        sample = ctx["sample"]
+        sample = job["sample"]
         t = time.perf_counter()
         # greedy: no sentence stops early, the longest this decoding can take (a barely trained model
         # may stop at once or never); beam search stops as it will in the run
@@ -139,7 +139,7 @@ def measure_scheme(pe: str, ctx: dict, barrier=None, threads: int | None = None)
     return {"pe": pe, "s_per_update": round(window / updates, 5),
             "tok_per_s": round((marks["tok1"] - marks["tok0"]) / window, 1),
             # to the end of the first update, less one update's time: process, data, model, first validation
-            "startup_s": round(max(0.0, marks["first"] - ctx["t_submit"] - window / updates), 2),
+            "startup_s": round(max(0.0, marks["first"] - job["t_submit"] - window / updates), 2),
             "val_s": round(val_s, 3), "ckpt_s": round(ckpt_s, 3), "decode_sample_s": round(decode_s, 3),
             "decode_mode": "beam, stops at </s>" if prof.beam > 1 else "greedy, no early stop (upper bound)",
             "aligned": marks["aligned"], "precision": tr["precision"], **_peak_memory(device)}  # fmt: skip
@@ -251,7 +251,7 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
     decode_scale = test_tokens / src_tokens(picks)
     # the timed models' checkpoints: a folder made here (never one that was there already), removed at the end
     work_dir = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".calibration-"))
-    ctx = {"prof": prof, "device": device, "warm": warm, "updates": updates, "run_dir": str(run_dir),
+    job = {"prof": prof, "device": device, "warm": warm, "updates": updates, "run_dir": str(run_dir),
            "vocab": None if vocab is None else str(vocab), "data_cache": str(ckpt_root / f"data-{direction}.pt"),
            "work_dir": str(work_dir), "sample": picks}
     concurrent = min(jobs, len(pes))
@@ -265,7 +265,7 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
             # dropped), so that every scheme is timed with as many models at once as the run will train
             group += pes[: concurrent - len(group)]
             if len(group) == 1:
-                res = [measure_scheme(group[0], dict(ctx, tok=tok, data=data, t_submit=time.time()))]
+                res = [measure_scheme(group[0], dict(job, tok=tok, data=data, t_submit=time.time()))]
             else:
                 import multiprocessing as mp
 
@@ -274,7 +274,7 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
                 # Ctrl-C or an error stops every worker at once (WorkerPool)
                 with spawn.Manager() as manager, WorkerPool(len(group)) as pool:
                     barrier = manager.Barrier(len(group))
-                    futures = [pool.submit(measure_scheme, pe, dict(ctx, t_submit=time.time()), barrier, per_threads)
+                    futures = [pool.submit(measure_scheme, pe, dict(job, t_submit=time.time()), barrier, per_threads)
                                for pe in group]
                     res = [f.result() for f in futures]
             for r in res[: len(pes[g : g + concurrent])]:

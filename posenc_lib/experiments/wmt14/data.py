@@ -203,7 +203,8 @@ def hub_available() -> bool:
     ) not in ("1", "true", "True")
 
 
-def _load_hub(max_train: int) -> dict[str, tuple[list[str], list[str]]]:
+def load_hub(max_train: int) -> dict[str, tuple[list[str], list[str]]]:
+    """WMT14 fr-en from the Hugging Face hub (streamed): ``{split: (fr, en)}``, at most ``max_train`` training pairs."""
     import datasets
 
     def pairs(split, limit=None):
@@ -235,7 +236,7 @@ def load_wmt14(
         raise ValueError(f"unknown data source {source!r}; valid choices: 'auto', 'hub', 'files'")
     if max_train is not None:
         max_train = check_positive_int("max_train", max_train)
-    splits, where, why = None, None, ""
+    splits, origin, why = None, None, ""
     if source == "files":
         why = " (--source files)"
     elif source == "auto" and data_dir is not None:
@@ -244,8 +245,8 @@ def load_wmt14(
         why = " (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE set: hub not tried)"
     else:
         try:
-            splits = _load_hub(max_train or 1_000_000)
-            where = "Hugging Face hub: datasets.load_dataset('wmt14', 'fr-en') (streamed train subset)"
+            splits = load_hub(max_train or 1_000_000)
+            origin = "Hugging Face hub: datasets.load_dataset('wmt14', 'fr-en') (streamed train subset)"
         except Exception as err:  # the hub is unreachable or the dataset moved
             if source == "hub":
                 raise ConnectionError(
@@ -256,17 +257,17 @@ def load_wmt14(
     if splits is None:
         data_dir = check_data_dir(data_dir if data_dir is not None else SHIPPED_DIR)
         splits = {s: read_parallel(data_dir, s, max_train if s == "train" else None) for s in SPLITS[:3]}
-        where = f"local files in {data_dir}{why}"
+        origin = f"local files in {data_dir}{why}"
     hdir = data_dir if data_dir is not None and has_split(data_dir, "heldout") else SHIPPED_DIR
     splits["heldout"] = read_parallel(hdir, "heldout")
     n_raw = len(splits["train"][0])
     splits["train"] = dedup_pairs(*splits["train"], exclude=splits["heldout"])
     if not splits["train"][0]:
         raise ValueError(
-            f"no training pairs left in {where}: all {n_raw} share a side with the held-out set in {hdir}"
+            f"no training pairs left in {origin}: all {n_raw} share a side with the held-out set in {hdir}"
         )
-    where += f"; {n_raw} training pairs read, {len(splits['train'][0])} after dedup; held-out from {hdir}"
-    return splits, where
+    origin += f"; {n_raw} training pairs read, {len(splits['train'][0])} after dedup; held-out from {hdir}"
+    return splits, origin
 
 
 # -- a larger training folder for the GPU (make-data) ----------------------------------------------
@@ -307,8 +308,8 @@ def make_data(src_dir, out_dir, *, pairs: int = 600_000, max_words: int = 50, se
 def _make_data_locked(src_dir: Path, out_dir: Path, *, pairs, max_words, seed, extra, log) -> dict:
     tests = {}
     for split in ("newstest2013", "newstest2014"):
-        where = src_dir if has_split(src_dir, split) else SHIPPED_DIR
-        tests[split] = read_parallel(where, split)
+        folder = src_dir if has_split(src_dir, split) else SHIPPED_DIR
+        tests[split] = read_parallel(folder, split)
     tests["heldout"] = read_parallel(SHIPPED_DIR, "heldout")
     banned = (set().union(*(set(t[0]) for t in tests.values())), set().union(*(set(t[1]) for t in tests.values())))
     log(f"make-data: reading {find_file(src_dir, 'train.fr')} and train.en")

@@ -139,16 +139,16 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
     work_dir = Path(work_dir) if work_dir is not None else run_dir
     src_lang, tgt_lang = direction.split("-")
     pick = {"fr": 0, "en": 1}
-    splits, where = load_wmt14(data_dir, source=source, max_train=prof.max_train_pairs)
+    splits, origin = load_wmt14(data_dir, source=source, max_train=prof.max_train_pairs)
     fingerprint = data_fingerprint(splits)
     if info is not None:
-        info.update(sha256=fingerprint, where=where)
+        info.update(sha256=fingerprint, where=origin)
     if expect and expect.get("sha256") not in (None, fingerprint):
         raise ValueError(f"{run_dir} was made from other data ({expect.get('where', '?').split(';')[0]}), not from "
-                         f"{where.split(';')[0]}; "
+                         f"{origin.split(';')[0]}; "
                          "its tokenizer, data cache and test sets belong to that data: give the same --data-dir "
                          "and --source, or use a new --out folder (and --ckpt-dir)")
-    log(f"data: {where}")
+    log(f"data: {origin}")
     fr, en = splits["train"]
     bpe_lines = fr[:200_000] + en[:200_000]
     tok = get_tokenizer(prof.tokenizer, bpe_lines, vocab_size=prof.vocab_size, cache=run_dir / "tokenizer.json",
@@ -166,7 +166,7 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
         diff = [f"{k} {data['key'][k]!r} (now {v!r})" for k, v in key.items()
                 if "key" in data and k in data["key"] and data["key"][k] != v]
         if any(d.startswith("data_sha256") for d in diff):
-            raise ValueError(f"data cache {cache} was made from other data than {where.split(';')[0]}; use the --ckpt-dir "
+            raise ValueError(f"data cache {cache} was made from other data than {origin.split(';')[0]}; use the --ckpt-dir "
                              "of this data's run, or delete the cache (it is rebuilt from the data files)")
         if diff:
             raise ValueError(f"data cache {cache} was made with other settings: {', '.join(diff)}; delete it and "
@@ -190,7 +190,7 @@ def prepare_data(prof: Profile, run_dir: Path, *, direction: str = "fr-en", data
             "dev": {"src": [d_src[i] for i in dev_idx], "tgt": [d_tgt[i] for i in dev_idx]},
             "stats": {"train_pairs_read": len(src), "train_pairs_kept": len(keep),
                       "train_target_tokens": sum(len(tgt[i]) + 1 for i in keep),
-                      "dev_pairs": len(dev_idx), "source": where},
+                      "dev_pairs": len(dev_idx), "source": origin},
             "key": key,
         }  # fmt: skip
         if dist_info()[0] == 0:
@@ -304,7 +304,7 @@ def _finished(run_dir: Path) -> list[str]:
     return sorted(p.parent.name for p in Path(run_dir).glob("*-seed*/result.json"))
 
 
-def _check_config(run_dir: Path, config: dict) -> dict:
+def check_config(run_dir: Path, config: dict) -> dict:
     """Refuse a run folder made with other settings; returns its ``config.json`` ({} for a new folder).
 
     Training settings must match; the settings that choose the test sentences and the decoding
@@ -416,27 +416,27 @@ def _checkpoints(run_dir: Path, ckpt_root: Path, name: str) -> list[Path]:
     return [p for p in (ckpt_root / name / "checkpoint.pt", run_dir / name / "checkpoint.pt") if p.is_file()]
 
 
-def _job(pe: str, seed: int, ctx: dict) -> dict:
+def run_model(pe: str, seed: int, job: dict) -> dict:
     """Train, translate and score one (scheme, seed); writes ``MODEL/result.json``. Also the ``--jobs`` worker."""
-    log = ctx["log"]
+    log = job["log"]
     rank = dist_info()[0]
-    model_dir, ckpt_dir = Path(ctx["run_dir"]) / f"{pe}-seed{seed}", Path(ctx["ckpt_root"]) / f"{pe}-seed{seed}"
+    model_dir, ckpt_dir = Path(job["run_dir"]) / f"{pe}-seed{seed}", Path(job["ckpt_root"]) / f"{pe}-seed{seed}"
     old = model_dir / "checkpoint.pt"  # runs made before checkpoints moved out of the run folder
-    if ctx["resume"] and old.is_file() and not (ckpt_dir / "checkpoint.pt").exists() and rank == 0:
+    if job["resume"] and old.is_file() and not (ckpt_dir / "checkpoint.pt").exists() and rank == 0:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.move(str(old), str(ckpt_dir / "checkpoint.pt"))
-    prof = ctx["prof"]
+    prof = job["prof"]
     log(f"training {model_dir.name} ({prof.name} profile, {prof.max_steps} updates)")
-    tr = train_model(pe, seed, prof, ctx["data"], ctx["tok"], model_dir, resume=ctx["resume"], device=ctx["device"],
-                     progress=ctx["progress"], stop_after=ctx["stop_after"], ckpt_dir=ckpt_dir, log=log)
+    tr = train_model(pe, seed, prof, job["data"], job["tok"], model_dir, resume=job["resume"], device=job["device"],
+                     progress=job["progress"], stop_after=job["stop_after"], ckpt_dir=ckpt_dir, log=log)
     if not tr["finished"]:
         log(f"{model_dir.name}: stopped at update {tr['updates']}; rerun with --resume to continue")
         return {"name": model_dir.name, "finished": False}
     world = dist_info()[1]
     log(f"{model_dir.name}: {tr['updates']} updates in {tr['wall_s']:.0f} s ({tr['precision']}); evaluating"
         + (f" (decoding shared by {world} processes)" if world > 1 else ""))
-    res, hyps = evaluate_model(tr["model"], ctx["tok"], ctx["tests"], prof, ctx["bert_spec"] if rank == 0 else None,
-                               ctx["device"])
+    res, hyps = evaluate_model(tr["model"], job["tok"], job["tests"], prof, job["bert_spec"] if rank == 0 else None,
+                               job["device"])
     if rank == 0:
         for name, hyp in hyps.items():  # one translation per line, whatever characters it holds
             atomic_write_text(model_dir / f"hyp.{name}.txt", "".join(one_line(h) + "\n" for h in hyp))
@@ -450,16 +450,16 @@ def _job(pe: str, seed: int, ctx: dict) -> dict:
     return {"name": model_dir.name, "finished": True}
 
 
-def _worker(pe: str, seed: int, ctx: dict, threads: int) -> dict:
+def _worker(pe: str, seed: int, job: dict, threads: int) -> dict:
     """One ``--jobs`` process: loads the prepared tokenizer, encoded data and test sets from disk."""
     torch.set_num_threads(threads)
-    prof, run_dir = ctx["prof"], Path(ctx["run_dir"])
-    kind, where = prof.tokenizer, ctx["tokenizer_source"]
-    ctx = dict(ctx, log=lambda m: print(m, flush=True),
-               tok=get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where),
-               data=torch.load(Path(ctx["ckpt_root"]) / f"data-{ctx['direction']}.pt", weights_only=False),
+    prof, run_dir = job["prof"], Path(job["run_dir"])
+    kind, tok_source = prof.tokenizer, job["tokenizer_source"]
+    job = dict(job, log=lambda m: print(m, flush=True),
+               tok=get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if tok_source == kind else tok_source),
+               data=torch.load(Path(job["ckpt_root"]) / f"data-{job['direction']}.pt", weights_only=False),
                tests=read_test_sets(run_dir))
-    return _job(pe, seed, ctx)
+    return run_model(pe, seed, job)
 
 
 def _lock_folders(folders, rank: int, world: int, log) -> contextlib.ExitStack:
@@ -542,7 +542,7 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
         raise ValueError(f"--jobs {jobs} cannot be combined with torchrun (WORLD_SIZE={world}); use one of them")
     config = {"profile": asdict(prof), "direction": direction, "tokenizer_source": str(vocab or prof.tokenizer),
               "hardware": hardware(device, precision)}
-    old = _check_config(run_dir, config)
+    old = check_config(run_dir, config)
     if not resume and not overwrite:  # a checkpoint from an earlier sitting is never silently started over
         cut = [p for pe, seed in todo for p in _checkpoints(run_dir, ckpt_root, f"{pe}-seed{seed}")]
         if cut:
@@ -578,7 +578,7 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
     if prof.bertscore and bert_spec is None:
         log(f"BERTScore skipped: no offline model for target language {tgt_lang!r} "
             "(add it later with: python -m posenc_lib.experiments.wmt14 score RUN_DIR)")
-    ctx = {"prof": prof, "run_dir": str(run_dir), "ckpt_root": str(ckpt_root), "direction": direction,
+    job = {"prof": prof, "run_dir": str(run_dir), "ckpt_root": str(ckpt_root), "direction": direction,
            "tokenizer_source": config["tokenizer_source"], "bert_spec": bert_spec, "device": device,
            "resume": resume, "stop_after": stop_after, "progress": progress}
     for seed in seeds:
@@ -591,16 +591,16 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
         log(f"{len(todo)} models, {jobs} at a time ({threads} CPU thread(s) each) on {device}")
         # Ctrl-C or a failing model (e.g. a damaged checkpoint) stops every worker at once: what finished is kept
         with WorkerPool(jobs) as pool:
-            futures = [pool.submit(_worker, pe, seed, ctx, threads) for pe, seed in todo]
+            futures = [pool.submit(_worker, pe, seed, job, threads) for pe, seed in todo]
             for f in as_completed(futures):
                 done = f.result()
                 finished &= done["finished"]
                 if done["finished"]:
                     collect_results(run_dir, pes, seeds, bert_spec=bert_spec, direction=direction)
     else:
-        ctx.update(log=log, tok=tok, data=data, tests=read_test_sets(run_dir))
+        job.update(log=log, tok=tok, data=data, tests=read_test_sets(run_dir))
         for pe, seed in todo:
-            done = _job(pe, seed, ctx)
+            done = run_model(pe, seed, job)
             if not done["finished"]:
                 return None
             if rank == 0:
@@ -705,8 +705,8 @@ def bleu_by_length(run_dir, test: str = "newstest2014", edges=(1, 11, 25, 41, 61
         raise FileNotFoundError(f"bleu_by_length needs {', '.join(missing)} (written by python -m posenc_lib.experiments.wmt14)")
     results = read_json(run_dir / "results.json")
     names = run_schemes(results, schemes)
-    kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
-    tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
+    kind, tok_source = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
+    tok = get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if tok_source == kind else tok_source)
     src, ref = _read_lines(run_dir / f"src.{test}.txt"), _read_lines(run_dir / f"ref.{test}.txt")
     lengths = [len(ids) for ids in tok.encode(src)]
     max_tokens = results["config"]["profile"]["max_tokens"]

@@ -173,8 +173,8 @@ def _digest_cached(path: Path, inputs: str, cache: bool, compute, *, save, load)
 
 
 def _tokenizer(run_dir: Path, results: dict):
-    kind, where = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
-    return get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if where == kind else where)
+    kind, tok_source = results["config"]["profile"]["tokenizer"], results["config"]["tokenizer_source"]
+    return get_tokenizer(kind, cache=run_dir / "tokenizer.json", vocab=None if tok_source == kind else tok_source)
 
 
 def within_training_length(run_dir, test: str = "newstest2014") -> dict:
@@ -221,7 +221,7 @@ def bleu_by_length_over_seeds(run_dir, test: str = "newstest2014", edges=(1, 11,
 EARLY_STOP = 0.5
 
 
-def _length_row(stats: list[list[int]], idx: list[int]) -> dict:
+def length_row(stats: list[list[int]], idx: list[int]) -> dict:
     """Length figures of the sentences ``idx`` from sacreBLEU's per-sentence BLEU statistics (``[hyp_len, ref_len,
     4 matches, 4 totals]``): lengths in sacreBLEU's 13a tokens, as its brevity penalty counts them."""
     from sacrebleu.metrics import BLEU
@@ -278,8 +278,8 @@ def length_story(run_dir, test: str = "newstest2014", edges=(1, 25, 41, 61), cac
                                      f"ref.{test}.txt {len(ref)}: that model was scored on other sentences")
                 stats = BLEU()._extract_corpus_statistics(hyp, [ref])
                 models.setdefault(pe, {})[int(seed)] = {
-                    "all": _length_row(stats, list(range(len(ref)))),
-                    "buckets": [{"bucket": name, **_length_row(stats, idx)} for name, idx in buckets],
+                    "all": length_row(stats, list(range(len(ref)))),
+                    "buckets": [{"bucket": name, **length_row(stats, idx)} for name, idx in buckets],
                 }
         return {"test": test, "edges": edges, "max_tokens": results["config"]["profile"]["max_tokens"],
                 "models": models}

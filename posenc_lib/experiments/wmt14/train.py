@@ -413,7 +413,7 @@ def validation_loss(model, dev: dict, tok, device: str, prec: Precision | None =
     return float(total) / max(count, 1)
 
 
-def _read_metrics(path: Path, upto: int) -> list[dict]:
+def read_metrics(path: Path, upto: int) -> list[dict]:
     """The rows of ``metrics.jsonl`` up to update ``upto`` (the checkpoint's).
 
     A kill while a row is appended leaves its last line cut off: that row comes after the last
@@ -582,7 +582,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
         log(f"resumed {model_dir.name} from update {state['step']}")
     elif resume:
         log(f"no checkpoint {ckpt_path}; starting {model_dir.name} from scratch")
-    curve = _read_metrics(metrics_path, state["step"])
+    curve = read_metrics(metrics_path, state["step"])
     if rank == 0:
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in curve))
     net = model
