@@ -425,6 +425,12 @@ def lesson_16_run():
     yield RESULTS_PAGE, f"about {round(timing['cpu_seconds_3_seeds'] / 60)} CPU minutes for the 12"
     within = [abs(per[pe]["cpu_per_update"] / lesson_15["per_model"][pe]["cpu_per_update"] - 1) * 100 for pe in ("rope", "nope")]
     yield RESULTS_PAGE, f"is within {within[0]:.0f}% and {within[1]:.0f}% of lesson 15's"
+    mids = ins.load_bands(ROOT / "results" / "inside" / "bands")
+    main = {r["seed"]: r for r in recs if r["model"] == "rope"}
+    assert len(mids) == 3 and all(m["train_loss"] == main[m["seed"]]["train_loss"] for m in mids)
+    yield RESULTS_PAGE, "reproduces the training losses and end-band readings of `inside/rope_seed*.json` exactly"
+    wall = sum(m["train_seconds"] + m["measure_seconds"] for m in mids) / 60
+    yield RESULTS_PAGE, f"({wall:.0f} minutes of wall time for training and measurements"
 
 
 @claim

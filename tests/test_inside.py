@@ -354,6 +354,54 @@ def test_resume_makes_only_what_is_missing(tmp_path):
     assert logs[-2] == f"skipping 1 finished result(s) in {tmp_path}" and logs[-1].startswith("done nope seed 1")
 
 
+def test_the_bands_run_retrains_the_same_model_and_ablates_a_norm_matched_middle_band(smoke, tmp_path, capsys):
+    """--bands: one checked file per seed in its own folder (the main run's folder and loader are untouched), the
+    RoPE model trained again update for update, the end bands read as in the main run, and a middle band clear of
+    both ends whose q.k norm weight is the closest to the fastest band's; the same command resumes."""
+    out = tmp_path / "bands"
+    assert ins.main(["--profile", "smoke", "--bands", "--seeds", "0", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["rope_seed0.json"]
+    (rec,) = ins.load_bands(out)
+    main = next(r for r in ins.load_results(smoke) if r["model"] == "rope")
+    assert rec["train_loss"] == main["train_loss"] and rec["config"] == main["config"]
+    assert {k: rec["nll"][k] for k in main["nll"]} == main["nll"]  # the same model, read the same way
+    assert set(rec["nll"]) == {"lengths", "none", *ins.BANDS, *ins.MID_BANDS}
+    weight = ins.pair_weight(main["pair_norms"])
+    assert np.allclose(rec["pair_weight"], weight, atol=1e-4)
+    b, half = ins.SMOKE.band_pairs, len(weight)
+    mid = rec["bands"]["freeze-mid"]
+    assert mid == rec["bands"]["drop-mid"] == ins.matched_band(weight, b) and len(mid) == b
+    assert b <= mid[0] and mid[-1] < half - b  # overlaps neither end band
+    candidates = [weight[s : s + b].sum() for s in range(b, half - 2 * b + 1)]
+    assert abs(weight[mid].sum() - weight[:b].sum()) == min(abs(c - weight[:b].sum()) for c in candidates)
+    assert math.isclose(rec["band_weight"]["mid"], weight[mid].sum(), abs_tol=1e-3)
+    before = (out / "rope_seed0.json").read_bytes()
+    assert ins.main(["--profile", "smoke", "--bands", "--seeds", "0", "--out", str(out)]) == 0
+    assert "skipping 1 finished result(s)" in capsys.readouterr().out and (out / "rope_seed0.json").read_bytes() == before
+    with pytest.raises(ValueError, match="another configuration"):
+        ins.run_bands(replace(ins.SMOKE, steps=31), [0], out)
+    for argv in (["--bands", "--models", "alibi"], ["--bands", "--time-updates", "3"]):
+        with pytest.raises(SystemExit):
+            ins.main(["--profile", "smoke", *argv, "--out", str(tmp_path / "x")])
+        assert "--bands trains the rope model only" in capsys.readouterr().err
+    rec["bands"]["freeze-mid"] = [0, 1]  # a "middle" band on the fastest pairs is refused
+    (out / "rope_seed0.json").write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="not a run of contiguous pairs clear of the fastest band"):
+        ins.load_bands(out)
+
+
+def test_matched_band_picks_the_closest_middle_run():
+    w = [5.0, 5.0, 1.0, 1.0, 4.0, 6.0, 0.5, 9.0, 9.0, 0.1, 0.1, 0.1]
+    assert ins.matched_band(w, 2) == [4, 5]  # 10, as the fastest pair of 2; [7, 8] (18) is heavier, not closer
+    assert ins.matched_band(w, 3) == [3, 4, 5]  # 11 against 11
+    with pytest.raises(ValueError, match="needs at least 15 pairs"):
+        ins.matched_band(w, 5)
+    with pytest.raises(ValueError, match="needs its pairs"):
+        ins.with_band(_lm(), ins.SMOKE, "freeze-mid")
+    with pytest.raises(ValueError, match=r"must be \(layers, heads, pairs\)"):
+        ins.pair_weight({"q": [[1.0, 2.0]], "k": [[1.0, 2.0]]})
+
+
 # ------------------------------------------------------------------ bad inputs
 def test_command_line_rejects_bad_flags(capsys, tmp_path):
     for argv, msg in ((["--models", "rope,gpt"], "valid choices: rope, alibi, nope, nope-bidir"),

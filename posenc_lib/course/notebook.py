@@ -147,6 +147,8 @@ RESULT_COMMANDS = {
                       "--jobs 2 --resume",
     "results/inside/timing.json": "python -m posenc_lib.experiments.inside --profile course --time-updates 20 "
                                   "--timing-out results/inside/timing.json",
+    "results/inside/bands": "python -m posenc_lib.experiments.inside --profile course --bands --seeds 0,1,2 --out "
+                            "results/inside/bands",
     "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume, then the same "
                             "with --pe learned,t5,xlnet,deberta,alibi --seeds 0 and with --pe t5,alibi --seeds 1 "

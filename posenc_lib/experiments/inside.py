@@ -21,6 +21,11 @@ Then, on held-out text, with the tools of posenc_lib/experiments/inside_tools.py
   mean score at each distance, and the perplexity with the ``band_pairs`` slowest or fastest pairs frozen
   (frequency 0, as p-RoPE does) or dropped (q and k components zeroed).
 
+With ``--bands``, the RoPE model of each seed is trained again (the same configuration and seed: the same
+model, update for update) and read with a *norm-matched middle band* ablated as well: the ``band_pairs``
+contiguous pairs, overlapping neither end band, whose q.k norm weight (:func:`pair_weight`) is closest to
+that of the fastest band (:func:`matched_band`); the file records the end bands again beside it.
+
 Each (model, seed) writes one JSON file into ``--out`` when it finishes (temporary file + rename).  The same
 command run again resumes (posenc_lib/experiments/runner.py): finished files made with this configuration are
 kept and only the missing ones are made; a folder made with another configuration is refused.
@@ -30,6 +35,7 @@ Command line::
     python -m posenc_lib.experiments.inside --profile smoke --out runs/inside-smoke
     python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside --jobs 2
     python -m posenc_lib.experiments.inside --profile course --time-updates 20   # time it first
+    python -m posenc_lib.experiments.inside --profile course --bands --seeds 0,1,2 --out results/inside/bands
 
 Cost of the ``course`` profile (4 models x 3 seeds): see the README, which quotes the timing made with
 ``--time-updates``.  ``smoke``: a few seconds per model; it learns nothing.
@@ -55,6 +61,7 @@ from . import inside_tools as tools
 SCHEMA = "posenc.inside/1"
 #: what a result file holds
 RECORDS = runner.Schema(SCHEMA, ("schema", "model", "seed", "config", "probe"))
+BANDS_SCHEMA = "posenc.inside-bands/1"
 
 
 @dataclass(frozen=True)
@@ -138,6 +145,8 @@ MODELS: dict[str, tuple[str, dict, type]] = {
 }
 #: the ablations of the RoPE model's pairs: name -> (mode, which end of the ladder)
 BANDS = {f"{mode}-{end}": (mode, end) for mode in tools.BAND_MODES for end in ("low", "high")}
+#: the norm-matched middle band (``--bands``): name -> mode
+MID_BANDS = {f"{mode}-mid": mode for mode in tools.BAND_MODES}
 
 
 def make_model(name: str, cfg: InsideConfig, vocab_size: int) -> CausalLM:
@@ -157,17 +166,46 @@ def band_pairs(cfg: InsideConfig, end: str) -> list[int]:
     return list(range(cfg.band_pairs)) if end == "high" else list(range(half - cfg.band_pairs, half))
 
 
-def with_band(model: CausalLM, cfg: InsideConfig, band: str | None) -> CausalLM:
-    """Read the trained RoPE ``model`` with one of :data:`BANDS` ablated (``None``: plain RoPE again)."""
+def with_band(model: CausalLM, cfg: InsideConfig, band: str | None, pairs: Sequence[int] | None = None) -> CausalLM:
+    """Read the trained RoPE ``model`` with one of :data:`BANDS` ablated (``None``: plain RoPE again), or one of
+    :data:`MID_BANDS` on the given ``pairs`` (:func:`matched_band`)."""
     if band is None:
         model.set_scheme("rope", **MODELS["rope"][1])
         return model
-    if band not in BANDS:
-        raise ValueError(f"unknown band ablation {band!r}; valid choices: {', '.join(BANDS)}")
-    mode, end = BANDS[band]
-    entry = (tools.BandRoPE, {"pairs": band_pairs(cfg, end), "mode": mode, **MODELS["rope"][1]})
+    if band in MID_BANDS:
+        if pairs is None:
+            raise ValueError(f"band {band!r} needs its pairs (see matched_band)")
+        mode = MID_BANDS[band]
+    elif band in BANDS:
+        mode, end = BANDS[band]
+        pairs = band_pairs(cfg, end)
+    else:
+        raise ValueError(f"unknown band ablation {band!r}; valid choices: {', '.join([*BANDS, *MID_BANDS])}")
+    entry = (tools.BandRoPE, {"pairs": list(pairs), "mode": mode, **MODELS["rope"][1]})
     model.set_scheme([entry] * cfg.num_layers)
     return model
+
+
+def pair_weight(norms: dict[str, list]) -> np.ndarray:
+    """How much of the score each rotation pair can carry: the mean query norm times the mean key norm of the
+    pair (``norms`` as :func:`inside_tools.qk_pair_norms` gives them), summed over layers and heads: ``(pairs,)``."""
+    q, k = np.asarray(norms["q"], dtype=np.float64), np.asarray(norms["k"], dtype=np.float64)
+    if q.shape != k.shape or q.ndim != 3:
+        raise ValueError(f"pair norms must be (layers, heads, pairs) for q and k alike, got {q.shape} and {k.shape}")
+    return (q * k).sum(axis=(0, 1))
+
+
+def matched_band(weight: Sequence[float], width: int) -> list[int]:
+    """The ``width`` contiguous pairs that overlap neither end band (the ``width`` fastest, the ``width``
+    slowest) whose summed ``weight`` is closest to the fastest band's; the faster band on a tie."""
+    w = np.asarray(weight, dtype=np.float64)
+    width = check_positive_int("width", width)
+    if w.ndim != 1 or len(w) < 3 * width:
+        raise ValueError(f"a middle band of {width} pairs needs at least {3 * width} pairs, got weights of shape {w.shape}")
+    target = w[:width].sum()
+    starts = range(width, len(w) - 2 * width + 1)
+    best = min(starts, key=lambda s: (abs(w[s : s + width].sum() - target), s))
+    return list(range(best, best + width))
 
 
 # -- the measurements of one trained model --------------------------------------------------------
@@ -212,8 +250,9 @@ def result_path(out, name: str, seed: int) -> Path:
     return Path(out) / f"{name}_seed{seed}.json"
 
 
-def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
-    """Train one model, measure it, write its result file."""
+def train(name: str, seed: int, cfg: InsideConfig):
+    """Train one model as the run does (the first-token weight read at ``cfg.sink_updates`` on the way):
+    ``(vocab, eval_ids, model, losses, training seconds, first-token weight over training or None)``."""
     causal = MODELS[name][2] is CausalLM
     few: list[torch.Tensor] = []  # the held-out windows, read once the data is loaded
     over_training: dict[str, list] = {"updates": [], "mass": []}
@@ -230,10 +269,15 @@ def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     at = cfg.sink_updates if causal else ()
     vocab, eval_ids, model, losses, seconds = charlm.train_at_length(lambda v: make_model(name, cfg, v), seed, cfg, at=at,
                                                                  on_update=sinks_now if causal else None)  # fmt: skip
-    seconds -= spent[0]
+    return vocab, eval_ids, model, losses, seconds - spent[0], over_training if causal else None
+
+
+def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
+    """Train one model, measure it, write its result file."""
+    vocab, eval_ids, model, losses, seconds, over_training = train(name, seed, cfg)
     t1 = time.perf_counter()
     found = measure(name, model, cfg, eval_ids)
-    if causal:
+    if over_training is not None:
         found["sinks_over_training"] = over_training
     rec = {"schema": SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "num_parameters": sum(p.numel() for p in model.parameters()), "vocab_size": len(vocab),
@@ -243,6 +287,59 @@ def train_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     acc = found["probe"]["accuracy"]
     return f"done {name} seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, probe accuracy by layer " + \
         " ".join(f"{a:.2f}" for a in acc)
+
+
+def _check_bands(rec: dict) -> None:
+    pairs = rec["bands"].get("freeze-mid") if isinstance(rec.get("bands"), dict) else None
+    if not isinstance(pairs, list) or not pairs or pairs[0] < len(pairs) or pairs != list(range(pairs[0], pairs[0] + len(pairs))):
+        raise ValueError(f"its middle band {pairs!r} is not a run of contiguous pairs clear of the fastest band")
+
+
+#: what a ``--bands`` result file holds
+BAND_RECORDS = runner.Schema(BANDS_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "pair_weight", "bands",
+                                            "band_weight", "nll"), check=_check_bands)  # fmt: skip
+
+
+def bands_path(out, seed: int) -> Path:
+    return Path(out) / f"rope_seed{seed}.json"
+
+
+def bands_one(seed: int, cfg: InsideConfig, out) -> str:
+    """Train the RoPE model of ``seed`` again, read it with every end band and the norm-matched middle band
+    ablated, write its ``--bands`` result file."""
+    vocab, eval_ids, model, losses, seconds, _ = train("rope", seed, cfg)
+    t1 = time.perf_counter()
+    few = eval_ids[: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len)
+    weight = pair_weight(tools.qk_pair_norms(model, few, interleaved=MODELS["rope"][1]["interleaved"]))
+    mid = matched_band(weight, cfg.band_pairs)
+    bands = {**{band: band_pairs(cfg, end) for band, (_, end) in BANDS.items()}, **{band: mid for band in MID_BANDS}}
+    lengths = list(cfg.band_lengths)
+    nll = {"lengths": lengths, "none": [round(tools.mean_nll(model, eval_ids, n), 5) for n in lengths]}
+    for band, pairs in bands.items():
+        with_band(model, cfg, band, pairs)
+        nll[band] = [round(tools.mean_nll(model, eval_ids, n), 5) for n in lengths]
+    with_band(model, cfg, None)
+    ends = {"high": band_pairs(cfg, "high"), "low": band_pairs(cfg, "low"), "mid": mid}
+    rec = {"schema": BANDS_SCHEMA, "model": "rope", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+           "train_loss": losses, "train_seconds": round(seconds, 1), "measure_seconds": round(time.perf_counter() - t1, 1),
+           "torch": torch.__version__, "pair_weight": [round(float(v), 5) for v in weight],
+           "band_weight": {e: round(float(weight[p].sum()), 5) for e, p in ends.items()}, "bands": bands, "nll": nll}  # fmt: skip
+    atomic_write_json(bands_path(out, seed), rec)
+    return (f"done rope bands seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, middle band {mid[0]}-{mid[-1]} "
+            f"(weight {rec['band_weight']['mid']:.1f} against the fastest band's {rec['band_weight']['high']:.1f})")
+
+
+def run_bands(cfg: InsideConfig, seeds: Sequence[int], out, *, jobs: int = 1, log=print) -> None:
+    """Make every ``--bands`` result not yet in ``out`` (:func:`runner.run_grid`)."""
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    cells = [runner.Cell(bands_path(out, s), bands_one, (s, cfg, out)) for s in seeds]
+    runner.run_grid(cells, out=out, schema=BAND_RECORDS, config=asdict(cfg), jobs=jobs, log=log,
+                    profiles={n: asdict(c) for n, c in PROFILES.items()})
+
+
+def load_bands(out) -> list[dict]:
+    """Every ``--bands`` record in ``out``, checked."""
+    return runner.load_results(out, BAND_RECORDS)
 
 
 def pending(cfg: InsideConfig, names: Sequence[str], seeds: Sequence[int], out) -> list[tuple[str, int]]:
@@ -315,6 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                "committed results are never the default)")
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (worker processes)")
     p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
+    p.add_argument("--bands", action="store_true", help="train the RoPE model of each seed again and ablate the "
+                   "norm-matched middle band beside the end bands (files in --out, default runs/inside-bands-PROFILE)")
     p.add_argument("--time-updates", type=int, default=0, metavar="N",
                    help="time N updates and the measurements of each model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
@@ -322,9 +421,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     seeds, names = runner.parse_selection(p, a, list(MODELS))
+    if a.bands and (a.time_updates or a.models.strip() not in ("all", "rope")):
+        p.error("--bands trains the rope model only: it takes neither --models nor --time-updates "
+                "(time it with --models rope --time-updates N)")
     code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names))
     if code is not None:
         return code
+    if a.bands:
+        out = a.out or f"runs/inside-bands-{a.profile}"
+        return runner.run_command(p, out, None, lambda: run_bands(cfg, seeds, out, jobs=a.jobs))
     out = a.out or f"runs/inside-{a.profile}"
     return runner.run_command(p, out, None, lambda: run_all(cfg, seeds, out, names=names, jobs=a.jobs))
 
@@ -332,5 +437,6 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["InsideConfig", "COURSE", "SMOKE", "PROFILES", "MODELS", "BANDS", "make_model", "band_pairs", "with_band",
-           "measure", "run_all", "pending", "time_updates", "load_results", "collect"]  # fmt: skip
+__all__ = ["InsideConfig", "COURSE", "SMOKE", "PROFILES", "MODELS", "BANDS", "MID_BANDS", "make_model", "band_pairs",
+           "with_band", "pair_weight", "matched_band", "measure", "train", "run_all", "run_bands", "pending",
+           "time_updates", "load_results", "load_bands", "collect"]  # fmt: skip
