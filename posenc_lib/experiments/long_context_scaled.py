@@ -200,8 +200,9 @@ def _eval_text(cfg) -> str:
     return charlm.load_text(cfg)[1]
 
 
-def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> str:
-    """Zero-shot: plain RoPE, each static method with ``s = n / L`` and with ``s = cfg.factor``, dynamic NTK."""
+def _zero_shot(seed: int, cfg: lc.LongContextConfig, ckpt, trials: int, matched_methods, fixed_methods) -> dict:
+    """The RoPE model of ``seed`` read zero-shot: each of ``matched_methods`` with ``s = n / L``, each of
+    ``fixed_methods`` with ``s = cfg.factor``; the record's shared fields."""
     torch.set_num_threads(cfg.threads)
     vocab, _train_ids, eval_ids = charlm.data(cfg)
     eval_text = _eval_text(cfg)
@@ -209,14 +210,19 @@ def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> st
     t0 = time.perf_counter()
     L = cfg.train_len
     matched = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: max(1.0, n / L))
-               for m in READINGS}  # fmt: skip
+               for m in matched_methods}  # fmt: skip
     fixed = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: cfg.factor)
-             for m in STATIC}  # fmt: skip
-    rec = {"schema": SCHEMA, "kind": "readings", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
-           "trials": trials, "matched": matched, "fixed": fixed, "retrained_seconds": seconds,
-           "eval_seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}  # fmt: skip
+             for m in fixed_methods}  # fmt: skip
+    return {"seed": seed, "profile": cfg.name, "config": asdict(cfg), "trials": trials, "matched": matched,
+            "fixed": fixed, "retrained_seconds": seconds, "eval_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def readings(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> str:
+    """Zero-shot: plain RoPE, each static method with ``s = n / L`` and with ``s = cfg.factor``, dynamic NTK."""
+    body = _zero_shot(seed, cfg, ckpt, trials, READINGS, STATIC)
+    rec = {"schema": SCHEMA, "kind": "readings", **body, "torch": torch.__version__}
     atomic_write_json(result_path(out, "readings", seed), rec)
-    return f"done readings seed {seed}: " + _line(matched)
+    return f"done readings seed {seed}: " + _line(rec["matched"])
 
 
 def _curve(method: str, seed: int, cfg: lc.LongContextConfig, ckpt, trials: int, points, *, length: int,
@@ -302,19 +308,12 @@ def control_curve(name: str, seed: int, cfg: lc.LongContextConfig, out, ckpt, tr
 
 def readings_extra(seed: int, cfg: lc.LongContextConfig, out, ckpt, trials: int) -> str:
     """Zero-shot: YaRN without its temperature, with ``s = n / L`` and with ``s = cfg.factor``."""
-    torch.set_num_threads(cfg.threads)
-    vocab, _train_ids, eval_ids = charlm.data(cfg)
-    eval_text = _eval_text(cfg)
-    model, _ = lc.weights("rope", cfg, seed, ckpt, len(vocab))
-    t0 = time.perf_counter()
-    L, m = cfg.train_len, NO_TEMPERATURE
-    matched = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: max(1.0, n / L))}
-    fixed = {m: measure(model, cfg, vocab, eval_ids, eval_text, trials, seed, m, lambda n: cfg.factor)}
-    rec = {"schema": SCHEMA, "kind": "readings-extra", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
-           "trials": trials, "matched": matched, "fixed": fixed, "eval_seconds": round(time.perf_counter() - t0, 1),
-           "torch": torch.__version__}  # fmt: skip
+    m = NO_TEMPERATURE
+    body = _zero_shot(seed, cfg, ckpt, trials, [m], [m])
+    del body["retrained_seconds"]
+    rec = {"schema": SCHEMA, "kind": "readings-extra", **body, "torch": torch.__version__}
     atomic_write_json(result_path(out, f"readings-{m}", seed), rec)
-    return f"done readings-{m} seed {seed}: " + _line({**matched, **{f"{m} s={cfg.factor:g}": fixed[m]}})
+    return f"done readings-{m} seed {seed}: " + _line({**rec["matched"], **{f"{m} s={cfg.factor:g}": rec["fixed"][m]}})
 
 
 def _line(block: dict) -> str:
