@@ -4,7 +4,8 @@ reads.
 :class:`~posenc_lib.attention.layer.MultiHeadAttention` projects, rotates and caches, then hands the call
 (:class:`AttentionCall`) to :func:`select_backend`, which returns a :class:`Selection`: the name of a backend in
 :data:`BACKENDS` and what it needs (query blocks, batch chunks, a bias's values per offset).  Every backend computes
-the same function as ``explicit``; which one runs is a question of speed and memory alone.
+the same function as ``explicit`` (``varlen`` at every token: a padding query's row, which nothing reads, sees the
+row's pads); which one runs is a question of speed and memory alone.
 
 * ``sdpa``: ``scaled_dot_product_attention``, the bias and masks as one float ``attn_mask`` (no score or value
   terms); a large call with a bias flushes denormal floats (``flush_min_elements``);
@@ -13,6 +14,9 @@ the same function as ``explicit``; which one runs is a question of speed and mem
 * ``blocks``: ``sdpa`` or ``explicit`` over blocks of queries, each checkpointed when gradients flow
   (``block_elements``): memory holds one block of scores;
 * ``flex``: FlexAttention (:mod:`posenc_lib.attention.flex`), only with ``POSENC_FLEX=1``;
+* ``varlen``: a padded call of a scheme that adds nothing to the scores, its rows' tokens and pads as sequences of
+  their own, so that a GPU runs flash's variable-length kernel without a mask (:mod:`posenc_lib.attention.varlen`),
+  only with ``tune(varlen=True)``;
 * ``cpu_mask``: the fused CPU kernel with the bias and masks as one float mask whose gradient it computes
   (:mod:`posenc_lib.attention.cpu_flash`), over query blocks; ``cpu_mask_blocks``: the same, one kernel call per
   block (score terms written out per block, or a padded batch's mask);
@@ -36,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from . import cpu_flash
+from . import cpu_flash, varlen
 from .blocks import block_keys, in_batch_chunks, mask_rows
 from .by_class import for_class
 from ..checks import check_bool, check_positive_int
@@ -67,12 +71,17 @@ class AttentionTuning:
     #: a fused training call of a scheme whose blocks lay out terms from parts (XLNet, DeBERTa), offsets (T5) or tables
     #: (Shaw) runs its batch rows in chunks whose blocks lay out at most this many scores.  ``None``: the whole batch
     batch_chunk_elements: int | None = 2**23
+    #: a padded call of a scheme without a bias, score or value term runs as variable-length sequences
+    #: (:mod:`~posenc_lib.attention.varlen`): on a GPU in flash's variable-length kernel (float16/bfloat16), on CPU
+    #: through its reference (for tests).  ``False`` (the default): the padded call with its boolean mask
+    varlen: bool = False
 
     def __post_init__(self):
         check_bool("cpu_flash", self.cpu_flash)
+        check_bool("varlen", self.varlen)
         check_positive_int("fused_block_rows", self.fused_block_rows)
         for f in fields(self):
-            if f.name not in ("cpu_flash", "fused_block_rows") and getattr(self, f.name) is not None:
+            if f.name not in ("cpu_flash", "varlen", "fused_block_rows") and getattr(self, f.name) is not None:
                 check_positive_int(f.name, getattr(self, f.name))
 
 
@@ -97,7 +106,9 @@ class AttentionCall:
     """One attention call after projection, rotation and the cache: ``q (batch, heads, q_len, head_dim)``, ``k, v
     (batch, heads, k_len, head_dim)``, the boolean ``allowed`` mask, the scheme and its context, the path
     (:func:`~posenc_lib.attention.layer.choose_attention_path`), scale and dropout.  ``bias``: the scheme's bias,
-    set by :func:`select_backend` unless the selected backend lays it out itself."""
+    set by :func:`select_backend` unless the selected backend lays it out itself.  ``key_padding_mask (batch, k_len)``:
+    the call's padding (True at pads), also part of ``allowed``; ``self_attention``: the keys are the queries' own
+    tokens (else the memory of cross-attention)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -112,6 +123,8 @@ class AttentionCall:
     p_drop: float
     want_weights: bool
     bias: torch.Tensor | None = None
+    key_padding_mask: torch.Tensor | None = None
+    self_attention: bool = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,6 +150,8 @@ def select_backend(call: AttentionCall, tuning: AttentionTuning | None = None) -
     if not call.want_weights and (chosen := offset_selection(call, t)) is not None:
         return chosen
     call.bias = bias = scheme.bias(call.prep, call.layer) if scheme is not None else None
+    if varlen_wanted(call, t):
+        return Selection("varlen")
     if flex_wanted(scheme, call.want_weights, p_drop, q.shape[2]):
         return Selection("flex")
     blocks = None if call.want_weights else query_blocks(scheme, q, k_len, call.path, bias, p_drop, t)
@@ -216,6 +231,20 @@ def flex_wanted(scheme, want_weights: bool, p_drop: float, q_len: int) -> bool:
     from .flex import use_flex
 
     return use_flex()
+
+
+def varlen_wanted(call: AttentionCall, t: AttentionTuning) -> bool:
+    """The ``varlen`` backend: switched on (``varlen``), a padded call without weights wanted, of a scheme that adds
+    nothing to the scores, self-attention over its own ``q_len == k_len`` tokens or cross-attention, on a device and
+    dtype it serves (:func:`~posenc_lib.attention.varlen.supported`)."""
+    scheme = call.scheme
+    if not t.varlen or call.key_padding_mask is None or call.want_weights:
+        return False
+    if scheme is not None and (scheme.adds_bias or scheme.adds_scores or scheme.adds_values):
+        return False
+    if (call.q.shape[2] != call.k.shape[2]) if call.self_attention else call.path.causal_mask:
+        return False  # self-attention with cached keys; a causal cross-attention
+    return varlen.supported(call.q, call.k, call.key_padding_mask)
 
 
 def fused_rows(scheme, t: AttentionTuning) -> int:
@@ -399,6 +428,11 @@ def _run_flex(c: AttentionCall, s: Selection):
     return flex.flex_attend(c.scheme, c.q, c.k, c.v, c.prep, c.layer, c.attn, c.scale, c.allowed), None
 
 
+def _run_varlen(c: AttentionCall, s: Selection):
+    return varlen.attend(c.q, c.k, c.v, c.key_padding_mask, self_attention=c.self_attention,
+                         causal=c.path.causal_mask, scale=c.scale, p_drop=c.p_drop), None
+
+
 def _run_cpu_mask(c: AttentionCall, s: Selection):
     return _flash_mask(c, c.q, c.allowed, c.bias, c.prep, s.blocks), None
 
@@ -430,6 +464,7 @@ BACKENDS: dict[str, Callable[[AttentionCall, Selection], tuple]] = {
     "explicit": _run_dense,
     "blocks": _run_blocks,
     "flex": _run_flex,
+    "varlen": _run_varlen,
     "cpu_mask": _run_cpu_mask,
     "cpu_mask_blocks": _run_cpu_mask_blocks,
     "cpu_values": _run_cpu_values,

@@ -20,9 +20,11 @@ bias, RoPE's cos/sin) that every layer of the stack reuses and every hook takes.
 
 How a call is computed is no concern of the hooks: :meth:`MultiHeadAttention.forward` projects, rotates and
 caches, and hands the call to :mod:`posenc_lib.attention.backends`, where one function picks a backend (the fused
-SDPA kernel, the explicit softmax, query blocks, the fused CPU kernels, FlexAttention) from what the scheme declares
+SDPA kernel, the explicit softmax, query blocks, the fused CPU kernels, FlexAttention, a padded batch as
+variable-length sequences) from what the scheme declares
 (``adds_bias``, ``adds_scores``, ``adds_values``; derived from the hooks it overrides) and the call's shape.  Every
-backend computes the same function.  A causal self-attention with nothing to mask but the future (no padding, no
+backend computes the same function (the variable-length one at every token; a padding query's row, which nothing
+reads, is its own).  A causal self-attention with nothing to mask but the future (no padding, no
 bias) passes ``is_causal=True`` and *no* mask, the only form the flash kernels on a GPU accept
 (:func:`choose_attention_path`).
 
@@ -322,7 +324,8 @@ class MultiHeadAttention(nn.Module):
         allowed = merge_masks(q_len, k_len, causal=path.causal_mask, q_pos=q_pos, k_pos=k_pos,
                               key_padding_mask=key_padding_mask)  # fmt: skip
         call = AttentionCall(q, k, v, allowed, scheme, prep, layer, self, path, scale_of(self.head_dim, scheme),
-                             self.dropout if self.training else 0.0, want_weights)  # fmt: skip
+                             self.dropout if self.training else 0.0, want_weights, key_padding_mask=key_padding_mask,
+                             self_attention=kv is None)  # fmt: skip
         out, probs = attend(call)
         out = self.out_proj(out.transpose(1, 2).reshape(b, q_len, self.d_model))
         if self.keep_weights:
