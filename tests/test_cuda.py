@@ -18,6 +18,8 @@ pytest summary.  What it checks, for every position scheme (``ALL_TYPES``: the c
   variable-length kernel equals its reference, outputs and gradients; a padded bf16 model of every scheme without
   score terms trains with only the flash kernel allowed, no host sync in its forward pass, and gives the padded
   path's logits;
+* translating on the GPU as a run does (large batches, each sentence with its CPU budget, the compiled step) gives
+  the CPU's translations in their order, and the step compiles;
 * a training run killed and resumed on the GPU follows the uninterrupted run.
 
 ``POSENC_TEST_DEVICE=cpu`` runs the same file on the CPU, a dry run of the checks themselves
@@ -284,6 +286,49 @@ def test_padded_batches_run_flash_as_variable_lengths(pe):
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     report(f"{pe}: padded bf16 batch through flash's variable-length kernel, no host sync in the forward pass, "
            f"max |logits - padded path's| {(got[real].float() - padded[real].float()).abs().max():.1e}")
+
+
+# ----------------------------------------------------------------------------- scoring at GPU speed
+class _Words:
+    """Words to ids and back: what ``translate`` needs of a tokenizer."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+
+    def encode(self, lines):
+        return [[3 + sum(map(ord, w)) % (V - 3) for w in line.split()] for line in lines]
+
+    def decode(self, rows):
+        return [" ".join(f"w{i}" for i in row[: row.index(2) if 2 in row else len(row)] if i) for row in rows]
+
+
+@gpu_only
+def test_translation_on_the_gpu_gives_the_cpus():
+    import time
+
+    from posenc_lib.experiments.wmt14 import evaluate as ev
+
+    model = small("rope", tie_embeddings=False).eval()
+    with torch.no_grad():
+        model.out_proj.weight.mul_(3.0)  # translations that differ, some ending early
+    g = torch.Generator().manual_seed(0)
+    sources = [" ".join(f"x{int(t)}" for t in torch.randint(0, 500, (int(n),), generator=g))
+               for n in torch.randint(1, 40, (300,), generator=g)]  # fmt: skip
+    cpu = ev.translate(model, _Words(), sources)
+    model.to(DEVICE)
+    plan = ev.decoding_plan(DEVICE)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = time.perf_counter()
+        gpu = ev.translate(model, _Words(), sources, device=DEVICE)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        ev.translate(model, _Words(), sources, device=DEVICE)
+        again = time.perf_counter() - t
+    assert not [w for w in caught if "torch.compile failed" in str(w.message)]
+    same = sum(a == b for a, b in zip(cpu, gpu))
+    report(f"translate on the GPU (batches of {plan[0]} tokens, budgets of {plan[1]}, compiled={plan[2]}): "
+           f"{same}/{len(sources)} translations equal the CPU's; {first:.1f} s with compiling, {again:.2f} s after")
+    assert same >= 0.97 * len(sources)  # another device may round a near tie the other way
 
 
 # ----------------------------------------------------------------------------- resume

