@@ -59,14 +59,12 @@ def test_the_plan_keeps_cpu_decoding_as_it_was():
     assert ev.decoding_plan("cpu") == (ev.CPU_BATCH_TOKENS, ev.CPU_BATCH_TOKENS, False) == (4000, 4000, False)
     assert ev.decoding_plan("cpu", beam=4) == (4000, 4000, False)
     assert ev.decoding_plan("cuda") == (ev.GPU_BATCH_TOKENS, 4000, ev.GPU_COMPILE)  # the CPU's budgets
-    assert ev.decoding_plan("cuda:1", beam=4) == (4000, 4000, False)  # beam: its budget is its batch's
+    assert ev.decoding_plan("cuda:1", beam=4) == (ev.GPU_BATCH_TOKENS // 4, 4000, False)  # hypotheses are rows
     assert ev.decoding_plan("cuda", use_cache=False) == (ev.GPU_BATCH_TOKENS, 4000, False)
     assert ev.decoding_plan("cpu", batch_tokens=60, compile=True) == (60, 60, True)  # a batch's budget is its own
     assert ev.decoding_plan("cpu", batch_tokens=10**6, budget_tokens=4000) == (10**6, 4000, False)
     with pytest.raises(ValueError, match="compile=True is for cached greedy decoding.*beam=4"):
         ev.decoding_plan("cpu", beam=4, compile=True)
-    with pytest.raises(ValueError, match="budget_tokens must equal batch_tokens"):
-        ev.decoding_plan("cpu", beam=4, batch_tokens=10**6, budget_tokens=4000)
     with pytest.raises(ValueError, match="batch_tokens"):
         ev.decoding_plan("cpu", batch_tokens=0)
     with pytest.raises(TypeError, match="compile"):
@@ -76,7 +74,7 @@ def test_the_plan_keeps_cpu_decoding_as_it_was():
 @pytest.mark.parametrize("beam", [1, 3])
 def test_large_batches_give_the_same_translations_in_the_same_order(beam):
     """One batch of every sentence and one sentence at a time, each sentence with the budget of today's batches,
-    give today's translations token for token, in the sentences' order (beam search: today's batches)."""
+    give today's translations token for token, in the sentences' order."""
     set_seed(1)
     model = build_model("rope", V, tie_embeddings=False, **SMALL).eval()
     with torch.no_grad():
@@ -87,8 +85,6 @@ def test_large_batches_give_the_same_translations_in_the_same_order(beam):
     assert len(set(today)) > len(src) // 4  # not one translation for every sentence
     assert min(map(len, today)) < 10 < max(map(len, today))  # some end at </s>, some run to their budget
     assert ev.translate(model, tok, src, beam=beam) == ev.translate(model, tok, src, beam=beam, batch_tokens=4000)
-    if beam > 1:
-        return
     for batch_tokens in (10**6, 1):
         assert ev.translate(model, tok, src, **{**kw, "batch_tokens": batch_tokens, "budget_tokens": 24}) == today
 
@@ -187,3 +183,33 @@ def test_the_bootstrap_runs_once_when_every_model_is_in(tmp_path, monkeypatch):
     again = pipeline.collect_results(run_dir, ["none", "rope"], [0], bootstrap=False)  # same inputs: kept
     assert len(calls) == 2 and again["paired_bootstrap"] == final["paired_bootstrap"]
     assert json.loads((run_dir / "results.json").read_text())["paired_bootstrap"] == final["paired_bootstrap"]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_rows_with_their_own_budgets_are_the_searches_of_those_budgets(alpha):
+    """Each row of one batch ends at its own budget exactly as a search of that budget ends it (same batch)."""
+    from posenc_lib.models.beam import beam_search
+
+    set_seed(1)
+    model = build_model("rope", V, tie_embeddings=False, **SMALL).eval()
+    with torch.no_grad():
+        model.out_proj.weight.mul_(3.0)
+    tok = WordTokenizer()
+    ids = tok.encode(sentences(8, seed=3))
+    src = ev.pad_batch([r + [tok.eos_id] for r in ids], tok.pad_id)
+    kw = dict(bos_id=1, eos_id=2, beam=3, alpha=alpha, src_key_padding_mask=src == 0)
+    budgets = [3, 9, 5, 9, 1, 12, 5, 7]
+    got = beam_search(model, src, max_new_tokens=12, budgets=budgets, **kw)
+    for n in sorted(set(budgets)):
+        alone = beam_search(model, src, max_new_tokens=n, **kw)
+        for row in (i for i, m in enumerate(budgets) if m == n):
+            want = alone[row][alone[row] != 0].tolist()
+            assert got[row][got[row] != 0].tolist() == want, (row, n)
+    assert torch.equal(beam_search(model, src, max_new_tokens=12, budgets=[5] * 8, **kw),
+                       beam_search(model, src, max_new_tokens=5, **kw))  # one budget: that search
+    with pytest.raises(ValueError, match=r"budgets\[1\] must be an int in \[1, max_new_tokens=12\], got 13"):
+        beam_search(model, src, max_new_tokens=12, budgets=[3, 13, 5, 9, 1, 12, 5, 7], **kw)
+    with pytest.raises(ValueError, match="one int per row of src \\(8\\), got 2"):
+        beam_search(model, src, max_new_tokens=12, budgets=[3, 4], **kw)
+    with pytest.raises(TypeError, match="budgets must be a list of ints"):
+        beam_search(model, src, max_new_tokens=12, budgets=torch.ones(8, dtype=torch.long), **kw)

@@ -95,7 +95,8 @@ def test_model_on_the_variable_length_path_equals_the_padded_path(pe, monkeypatc
         loss.backward()
         with torch.no_grad():
             logits, memory = model(src, tgt, **masks), model.encode(src, src_pad)
-        return loss.detach(), logits, memory, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), logits, memory, grads
 
     ref = run()
     seen = spy_backends(monkeypatch)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 
 import torch
 
@@ -49,6 +50,22 @@ def length_penalty(length: torch.Tensor | float, alpha: float) -> torch.Tensor |
     if not isinstance(length, torch.Tensor):  # a tensor's values are not read (no device sync)
         check_float_range("length", length, 0.0)
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def _check_budgets(budgets, batch: int, max_new_tokens: int) -> list[int] | None:
+    """``budgets`` as a list of ``batch`` ints in ``[1, max_new_tokens]``, or None."""
+    if budgets is None:
+        return None
+    if isinstance(budgets, (str, bytes, torch.Tensor)) or not isinstance(budgets, Sequence):
+        raise TypeError(f"budgets must be a list of ints (new tokens per row) or None, got {type(budgets).__name__}")
+    if len(budgets) != batch:
+        raise ValueError(f"budgets must hold one int per row of src ({batch}), got {len(budgets)}")
+    for i, n in enumerate(budgets):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"budgets[{i}] must be an int in [1, max_new_tokens={max_new_tokens}], got {n!r}")
+        if not 1 <= n <= max_new_tokens:
+            raise ValueError(f"budgets[{i}] must be an int in [1, max_new_tokens={max_new_tokens}], got {n}")
+    return [int(n) for n in budgets]
 
 
 def _check_alpha(alpha) -> None:
@@ -72,6 +89,7 @@ def beam_search(
     alpha: float = 0.6,
     src_key_padding_mask: torch.Tensor | None = None,
     pad_id: int | None = None,
+    budgets: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Decode ``src (B, S)``; returns the best hypothesis per row, ``(B, <= max_new_tokens + 1)``.
 
@@ -79,6 +97,9 @@ def beam_search(
     right-padded with ``pad_id`` (default: the model's); all three are token ids in ``[0, vocab_size)``.
     As in :func:`~posenc_lib.models.decoding.greedy_decode`, ``eos_id=None`` means no token ends a
     hypothesis (exactly ``max_new_tokens`` are decoded), and an empty batch ``(0, S)`` gives ``(0, 1)``.
+    ``budgets``: each row's own ``max_new_tokens`` (ints in ``[1, max_new_tokens]``, one per row): a row ends at its
+    budget, its unfinished hypotheses competing then, exactly as a search of that budget would (rows of different
+    budgets share one batch).
     """
     decoding.check_model(model)
     check_token_tensor("src", src)
@@ -90,6 +111,9 @@ def beam_search(
     if eos_id is not None:  # None: no end token, every hypothesis runs max_new_tokens (as greedy_decode)
         eos_id = decoding.check_token_id("eos_id", eos_id, model.vocab_size)
     pad_id = model.pad_id if pad_id is None else decoding.check_token_id("pad_id", pad_id, model.vocab_size)
+    budgets = _check_budgets(budgets, src.shape[0], max_new_tokens)
+    if budgets is not None and len(set(budgets)) == 1:  # one budget for every row: the search of that budget
+        max_new_tokens, budgets = budgets[0], None
     if src.shape[0] == 0:  # nothing to decode (greedy_decode returns as quickly)
         return torch.full((0, 1), bos_id, dtype=torch.long, device=src.device)
     was_training = model.training
@@ -112,6 +136,10 @@ def beam_search(
         best_len = torch.ones(b, dtype=torch.long, device=dev)  # columns used, BOS included
         stopped = torch.zeros(b, dtype=torch.bool, device=dev)
         lp_max = length_penalty(float(max_new_tokens), alpha)
+        ends_at = None
+        if budgets is not None:  # rows of different budgets: each its own bound and end
+            ends_at = torch.tensor(budgets, device=dev)
+            lp_max = torch.tensor([length_penalty(float(n), alpha) for n in budgets], device=dev)
         every = decoding.sync_every(dev)
         cache = model.new_cache()
         for step in range(max_new_tokens):
@@ -143,11 +171,19 @@ def beam_search(
             bound = live.max(-1).values / lp_max
             stopped |= best >= bound
             live = live.masked_fill(stopped[:, None], float("-inf"))
+            if ends_at is not None:  # 4. a sentence at its budget: its unfinished hypotheses compete, and it stops
+                last = ends_at == n
+                score, at = (live / lp_max[:, None]).max(-1)
+                better = (score > best) & ~stopped & last
+                best_ys[:, : n + 1] = torch.where(better[:, None], ys.view(b, k, -1)[rows, at], best_ys[:, : n + 1])
+                best_len = torch.where(better, n + 1, best_len)
+                stopped |= last
+                live = live.masked_fill(stopped[:, None], float("-inf"))
             if (step + 1) % every == 0 and bool(stopped.all()):
                 break
         else:
             # hypotheses still unfinished after max_new_tokens compete on the same footing
-            score, at = (live / lp_max).max(-1)
+            score, at = (live / (lp_max if ends_at is None else lp_max[:, None])).max(-1)
             better = (score > best) & ~stopped
             best_ys = torch.where(better[:, None], ys.view(b, k, -1)[rows, at], best_ys)
             best_len = torch.where(better, width, best_len)

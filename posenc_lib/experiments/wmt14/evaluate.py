@@ -52,9 +52,10 @@ MAX_SRC_TOKENS = 250
 #: source tokens per batch on CPU: the translations of the committed CPU runs (results/wmt14-laptop) were decoded in
 #: these batches, and a batch of other sentences may round a score differently
 CPU_BATCH_TOKENS = 4000
-#: source tokens per batch on a GPU, where a decoding step of a thousand sentences costs little more than one of a
-#: hundred (beam search: divided by the beam, whose hypotheses are rows too); sized to leave room beside training
-#: jobs (1000 sentences of 32 source tokens: about 2 GiB of decoder cache for the `gpu` profile's model, float32)
+#: source tokens per batch on a GPU, where a decoding step of few rows leaves the chip idle between its many small
+#: kernels, so fewer, larger batches take fewer steps in all (beam search: divided by the beam, whose hypotheses are
+#: rows too); sized to leave room beside training jobs (1000 sentences of 32 source tokens: about 2 GiB of decoder
+#: cache for the `gpu` profile's model in float32).  Its speed is to be measured on a GPU (benchmarks/README.md)
 GPU_BATCH_TOKENS = 32768
 #: greedy decoding on a GPU runs its cached step compiled (:func:`~posenc_lib.models.decoding.greedy_decode` with
 #: ``compile=True``); on CPU it runs as the committed translations were made
@@ -65,9 +66,9 @@ def decoding_plan(device, beam: int = 1, batch_tokens: int | None = None, compil
                   use_cache: bool = True, budget_tokens: int | None = None) -> tuple[int, int, bool]:
     """``(batch_tokens, budget_tokens, compile)`` for :func:`translate` on ``device``: the values given, else the
     device's.  On CPU :data:`CPU_BATCH_TOKENS` for both, uncompiled (as the committed translations were made).  On a
-    GPU, greedy decoding runs batches of :data:`GPU_BATCH_TOKENS`, each sentence with the budget its CPU batch would
-    give it, and :data:`GPU_COMPILE`; beam search, whose result depends on its budget, runs the CPU's batches.
-    ``budget_tokens`` defaults to ``batch_tokens`` where that is given (a batch's budget is its own)."""
+    GPU, batches of :data:`GPU_BATCH_TOKENS` (over the beam: its hypotheses are rows too), each sentence with the
+    budget its CPU batch would give it, and greedy decoding's step compiled (:data:`GPU_COMPILE`).  ``budget_tokens``
+    defaults to ``batch_tokens`` where that is given (a batch's budget is its own)."""
     on_cpu = torch.device(device).type == "cpu"
     for name, value in (("batch_tokens", batch_tokens), ("budget_tokens", budget_tokens)):
         if value is not None:
@@ -75,13 +76,10 @@ def decoding_plan(device, beam: int = 1, batch_tokens: int | None = None, compil
     if compile is not None:
         check_bool("compile", compile)
     if batch_tokens is None:
-        batch_tokens = CPU_BATCH_TOKENS if on_cpu or beam > 1 else GPU_BATCH_TOKENS
+        batch_tokens = CPU_BATCH_TOKENS if on_cpu else max(1, GPU_BATCH_TOKENS // beam)
         budget_tokens = CPU_BATCH_TOKENS if budget_tokens is None else budget_tokens
     elif budget_tokens is None:
         budget_tokens = batch_tokens
-    if beam > 1 and budget_tokens != batch_tokens:
-        raise ValueError(f"beam search decodes a batch with one budget: budget_tokens must equal batch_tokens "
-                         f"({batch_tokens}) for beam={beam}, got {budget_tokens}")
     if compile is None:
         compile = not on_cpu and GPU_COMPILE and beam == 1 and use_cache
     if compile and (beam > 1 or not use_cache):
@@ -113,13 +111,13 @@ def translate(model, tok, sources: list[str], *, batch_tokens: int | None = None
     """Translate ``sources`` (sorted by length into batches of about ``batch_tokens`` source tokens), returned in
     their own order.
 
-    A sentence may decode 1.5 x the longest source of its batch of ``budget_tokens`` + 10 tokens: greedy decoding
-    gives each row its own budget (its tokens are those of a longer decoding cut there), so a batch of any size
-    translates as the budget's batches would.  ``batch_tokens``, ``budget_tokens`` and ``compile`` (greedy decoding's
-    compiled step): ``None`` takes the device's (:func:`decoding_plan`: on CPU the batches of the committed runs,
-    uncompiled; on a GPU large batches, the CPU's budgets and the compiled step).  ``stop_at_eos=False`` (greedy
-    only): every batch decodes its whole budget, however early the sentences end: the longest decoding can take
-    (for timing)."""
+    A sentence may decode 1.5 x the longest source of its batch of ``budget_tokens`` + 10 tokens, in a batch of any
+    size: greedy decoding cuts its row there (a row's tokens are those of a longer decoding cut there), beam search
+    ends its row there (``budgets``), so a batch translates as the budget's batches would.  ``batch_tokens``,
+    ``budget_tokens`` and ``compile`` (greedy decoding's compiled step): ``None`` takes the device's
+    (:func:`decoding_plan`: on CPU the batches of the committed runs, uncompiled; on a GPU large batches, the CPU's
+    budgets and the compiled step).  ``stop_at_eos=False`` (greedy only): every batch decodes its whole budget,
+    however early the sentences end: the longest decoding can take (for timing)."""
     if not stop_at_eos and beam > 1:
         raise ValueError(f"stop_at_eos=False is for greedy decoding (beam=1), got beam={beam}")
     batch_tokens, budget_tokens, compile = decoding_plan(device, beam, batch_tokens, compile, use_cache, budget_tokens)
@@ -127,8 +125,9 @@ def translate(model, tok, sources: list[str], *, batch_tokens: int | None = None
     lengths = [len(r) for r in ids]
     budget = [0] * len(ids)  # new tokens each sentence may decode
     for chunk in length_batches(lengths, budget_tokens):
+        new = int(1.5 * max(lengths[c] for c in chunk)) + 10
         for c in chunk:
-            budget[c] = int(1.5 * max(lengths[i] for i in chunk)) + 10
+            budget[c] = new
     out: list[str] = [""] * len(ids)
     for chunk in length_batches(lengths, batch_tokens):
         src = pad_batch([ids[c] for c in chunk], tok.pad_id).to(device)
@@ -136,7 +135,8 @@ def translate(model, tok, sources: list[str], *, batch_tokens: int | None = None
         kw = dict(max_new_tokens=max(budget[c] for c in chunk), bos_id=tok.bos_id,
                   eos_id=tok.eos_id if stop_at_eos else None, src_key_padding_mask=mask, pad_id=tok.pad_id)
         if beam > 1:
-            ys = beam_search(model, src, beam=beam, alpha=alpha, **kw)
+            own = [budget[c] for c in chunk]
+            ys = beam_search(model, src, beam=beam, alpha=alpha, budgets=own if len(set(own)) > 1 else None, **kw)
         else:
             ys = greedy_decode(model, src, use_cache=use_cache, compile=compile, **kw)
         rows = [row[: budget[c]] for c, row in zip(chunk, ys[:, 1:].tolist())]
