@@ -19,7 +19,8 @@ pytest summary.  What it checks, for every position scheme (``ALL_TYPES``: the c
   score terms trains with only the flash kernel allowed, no host sync in its forward pass, and gives the padded
   path's logits;
 * translating on the GPU as a run does (large batches, each sentence with its CPU budget, the compiled step) gives
-  the CPU's translations in their order, and the step compiles;
+  the CPU's translations in their order, and the step compiles; the time a `gpu`-profile model takes for the
+  shipped test sets as a run translates them is reported (the goal: at most 10 s for both);
 * a training run killed and resumed on the GPU follows the uninterrupted run.
 
 ``POSENC_TEST_DEVICE=cpu`` runs the same file on the CPU, a dry run of the checks themselves
@@ -329,6 +330,45 @@ def test_translation_on_the_gpu_gives_the_cpus():
     report(f"translate on the GPU (batches of {plan[0]} tokens, budgets of {plan[1]}, compiled={plan[2]}): "
            f"{same}/{len(sources)} translations equal the CPU's; {first:.1f} s with compiling, {again:.2f} s after")
     assert same >= 0.97 * len(sources)  # another device may round a near tie the other way
+
+
+@gpu_only
+def test_scoring_time_of_a_gpu_profile_model():
+    """What one model of the `gpu` profile takes to translate the shipped test sets as a run does (held-out, its
+    shuffled copy, newstest2014), measured and reported, not asserted: untrained weights never end a sentence, so
+    every batch runs to its budget (the longest decoding can take), and words stand in for BPE tokens (about 1.3x
+    fewer).  The goal is at most 10 s for both test sets."""
+    import time
+    import zlib
+
+    from posenc_lib.experiments.wmt14 import evaluate as ev
+    from posenc_lib.experiments.wmt14.data import read_parallel
+    from posenc_lib.experiments.wmt14.train import PROFILES
+
+    prof = PROFILES["gpu"]
+
+    class Words(_Words):
+        def encode(self, lines):
+            return [[3 + zlib.crc32(w.encode()) % (prof.vocab_size - 3) for w in line.split()] for line in lines]
+
+    set_seed(0)
+    model = build_model("rope", prof.vocab_size, **prof.model_kwargs()).to(DEVICE).eval()
+    tests = {name: read_parallel(ROOT / "data" / "wmt14-fr-en", name)[0] for name in ("heldout", "newstest2014")}
+    tests["heldout shuffled"] = ev.shuffle_words(tests["heldout"], 0)
+    t = time.perf_counter()
+    ev.translate(model, Words(), tests["heldout"][:64], device=DEVICE)  # the step's compiling, apart
+    torch.cuda.synchronize()
+    warm = time.perf_counter() - t
+    times = {}
+    for name, sources in tests.items():
+        t = time.perf_counter()
+        ev.translate(model, Words(), sources, device=DEVICE)
+        torch.cuda.synchronize()
+        times[name] = time.perf_counter() - t
+    plan = ev.decoding_plan(DEVICE)
+    report(f"gpu-profile model, every sentence to its budget (batches of {plan[0]} tokens, compiled={plan[2]}): "
+           + ", ".join(f"{name} {len(tests[name])} sentences {s:.1f} s" for name, s in times.items())
+           + f"; total {sum(times.values()):.1f} s, plus {warm:.1f} s for the first call (compiling)")
 
 
 # ----------------------------------------------------------------------------- resume
