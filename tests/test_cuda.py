@@ -237,7 +237,7 @@ def test_varlen_flash_kernel_equals_its_reference(causal):
     ref_grads = torch.autograd.grad(ref, f32, d_out.float())
     torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
     for name, a, b in zip("qkv", grads, ref_grads):
-        torch.testing.assert_close(a.float(), b, atol=3e-2, rtol=3e-2, msg=f"d{name}")
+        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2, msg=f"d{name}")
     # cross-attention's cut: every row's queries one piece, the pads' pieces without queries
     cu_q = varlen.row_segments(torch.full((5,), 7), 7).to(DEVICE)
     qc = q[: 5 * 7].detach().requires_grad_()
