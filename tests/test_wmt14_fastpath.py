@@ -40,7 +40,7 @@ def test_the_cpu_profiles_keep_the_plain_path():
         assert p.ckpt_every >= 1
     assert PROFILES["laptop"].ckpt_every == 250 and (plain.device_data, plain.loss_chunk) == (False, None)
     gpu = PROFILES["gpu"]
-    assert gpu.device_data and gpu.loss_chunk and gpu.ckpt_on_signal and gpu.ckpt_every == 0
+    assert gpu.device_data and gpu.loss_chunk and gpu.ckpt_on_signal and gpu.ckpt_every == 0 and gpu.bucket == "both"
     lens = [3, 9, 4, 12, 7, 5, 8, 2, 11, 6] * 30
     assert make_batches(lens, lens[::-1], 40, 5) == make_batches(lens, lens[::-1], 40, 5, bucket="target")
     with pytest.raises(ValueError, match="bucket 'rows'.*'target', 'both'"):

@@ -225,12 +225,15 @@ PROFILES: dict[str, Profile] = {
     # 16k joint BPE), <= 64-token pairs, ~24k target tokens per update, 3200 updates (~77M target
     # tokens, ~4 epochs of 600k pairs). Sized by arithmetic in benchmarks/README.md (four schemes x two
     # seeds in about 20 minutes on one H100); calibrated on one H200 (results/wmt14-gpu-short): about
-    # 33 minutes for the four schemes of one seed, four at a time.
+    # 33 minutes for the four schemes of one seed, four at a time. Since those runs: batches gathered on the
+    # device, the loss in chunks, checkpoints only at the end and on a signal, and batches bucketed on both
+    # lengths (source padding 26% -> 9.5% on the shipped pairs, benchmarks/results/wmt14_padding.json);
+    # the committed GPU runs used bucket=target (--set bucket=target repeats them).
     "gpu": Profile(
         name="gpu", d_model=512, n_heads=8, num_layers=6, num_decoder_layers=6, dim_feedforward=2048,
         vocab_size=16000, max_tokens=64, batch_tokens=24000, lr=8e-4, warmup=800, max_steps=3200,
         log_every=100, val_every=400, val_pairs=500, ckpt_every=0, ckpt_on_signal=True, device_data=True,
-        loss_chunk=4096,
+        loss_chunk=4096, bucket="both",
     ),
 }  # fmt: skip
 
