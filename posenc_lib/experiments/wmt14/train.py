@@ -16,7 +16,11 @@ device: they are always loaded on the CPU first.  Mixed precision follows the
 hardware (:func:`resolve_precision`): bf16 autocast on GPUs that support it,
 fp16 with a gradient scaler on older GPUs (T4, V100), float32 on the CPU.
 The loop never waits for the GPU between updates: losses are summed on the
-device and read once per ``log_every`` updates.  Under ``torchrun`` each
+device and read once per ``log_every`` updates.  The ``gpu`` profile also gathers
+its batches from token ids kept on the device, computes the loss in chunks of
+rows (:mod:`.fastpath`), steps Adam with the fused kernel on CUDA, and writes
+checkpoints after the last update and on SIGUSR1 (then goes on) or SIGTERM
+(then ends as SIGTERM would) instead of every ``ckpt_every`` updates.  Under ``torchrun`` each
 process trains on its own share of every epoch's batches and
 DistributedDataParallel averages the gradients (gloo on CPU, NCCL on GPUs);
 every process starts from the same weights but draws its own dropout masks
