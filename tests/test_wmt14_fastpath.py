@@ -255,3 +255,31 @@ def test_flop_count_of_the_gpu_profile():
     assert f["total"] == pytest.approx(f["decoder"] + f["output_layer"] + f["encoder_and_cross_kv"])
     assert matmul_flops_per_token(8, 16, 1, 1, 10, train=False)["total"] == 2 * (6 * 64 + 2 * 8 * 16 + 80 + 4 * 64
                                                                                  + 2 * 8 * 16 + 2 * 64)
+
+
+def test_committed_run_folders_accept_the_profiles_with_the_new_fields(tmp_path):
+    """A field added since a run began counts as unchanged at its default: the laptop run resumes as it is; the
+    committed GPU runs (target bucketing) take the gpu profile with --set bucket=target and refuse other batches."""
+    from dataclasses import asdict
+
+    from posenc_lib.experiments.wmt14.pipeline import check_config
+    from test_wmt14_pipeline import ROOT
+
+    def folder(name):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text((ROOT / "results" / name / "config.json").read_text())
+        return d, json.loads((d / "config.json").read_text())
+
+    def config(old, prof):
+        return {"profile": asdict(prof), "direction": old["direction"], "tokenizer_source": old["tokenizer_source"]}
+
+    d, old = folder("wmt14-laptop")
+    check_config(d, config(old, get_profile("laptop")))
+    d, old = folder("wmt14-gpu-500")
+    gpu = {"max_steps": "500", "warmup": "125"}
+    check_config(d, config(old, get_profile("gpu", {**gpu, "bucket": "target"})))
+    check_config(d, config(old, get_profile("gpu", {**gpu, "bucket": "target", "device_data": "false",
+                                                    "loss_chunk": "none", "ckpt_every": "400"})))
+    with pytest.raises(ValueError, match=r"bucket 'target' \(now 'both'\)"):
+        check_config(d, config(old, get_profile("gpu", gpu)))

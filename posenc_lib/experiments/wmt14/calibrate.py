@@ -298,7 +298,8 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
     decode_scale = test_tokens / src_tokens(picks)
     # the timed models' checkpoints: a folder made here (never one that was there already), removed at the end
     work_dir = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".calibration-"))
-    job = {"prof": prof, "device": device, "warm": warm, "updates": updates, "windows": windows, "run_dir": str(run_dir),
+    job = {"prof": prof, "device": device, "warm": warm, "updates": updates, "windows": windows,
+           "run_dir": str(run_dir),
            "vocab": None if vocab is None else str(vocab), "data_cache": str(ckpt_root / f"data-{direction}.pt"),
            "work_dir": str(work_dir), "sample": picks}
     concurrent = min(jobs, len(pes))

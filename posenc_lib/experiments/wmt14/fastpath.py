@@ -31,7 +31,8 @@ class DeviceData:
     def __init__(self, src: list[list[int]], tgt: list[list[int]], pad: int, bos: int, eos: int,
                  device: str | torch.device = "cpu"):
         if len(src) != len(tgt) or not src:
-            raise ValueError(f"DeviceData needs as many sources as targets, at least one; got {len(src)} and {len(tgt)}")
+            raise ValueError(f"DeviceData needs as many sources as targets, at least one; got {len(src)} sources "
+                             f"and {len(tgt)} targets")
         self.pad, self.bos, self.eos, self.device = pad, bos, eos, torch.device(device)
         self.src_len = np.fromiter((len(r) for r in src), dtype=np.int64, count=len(src))
         self.tgt_len = np.fromiter((len(r) for r in tgt), dtype=np.int64, count=len(tgt))
@@ -185,5 +186,5 @@ def matmul_flops_per_token(d_model: int, dim_feedforward: int, num_layers: int, 
     per_src = num_layers * (4 * d * d + 2 * d * ff) + num_decoder_layers * 2 * d * d
     macs = dec + out + src_per_tgt * per_src
     factor = 2 * (3 if train else 1)
-    return {"decoder": factor * dec, "output_layer": factor * out, "encoder_and_cross_kv": factor * src_per_tgt * per_src,
-            "total": factor * macs}
+    return {"decoder": factor * dec, "output_layer": factor * out,
+            "encoder_and_cross_kv": factor * src_per_tgt * per_src, "total": factor * macs}

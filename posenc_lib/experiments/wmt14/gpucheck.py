@@ -88,7 +88,7 @@ def profile_schemes(prof: Profile, pes: list[str], out, *, data_dir=None, source
         table = profiler.key_averages().table(sort_by=sort, row_limit=rows)
         atomic_write_text(run_dir / f"profile.{pe}.txt", f"{pe}: one update of the {prof.name} profile on {device}\n"
                                                           f"{table}\n")
-        row = {"s_per_update": r["s_per_update"], "tok_per_s": r["tok_per_s"], "tflop_per_s": round(tflops, 3),
+        row = {"s_per_update": r["s_per_update"], "tok_per_s": r["tok_per_s"], "tflop_per_s": float(f"{tflops:.4g}"),
                "wall_s": round(time.perf_counter() - t0, 1)}
         if on_cuda:
             row["share_of_h200_bf16"] = round(tflops / H200_BF16_TFLOPS, 4)

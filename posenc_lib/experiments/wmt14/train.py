@@ -18,9 +18,9 @@ fp16 with a gradient scaler on older GPUs (T4, V100), float32 on the CPU.
 The loop never waits for the GPU between updates: losses are summed on the
 device and read once per ``log_every`` updates.  The ``gpu`` profile also gathers
 its batches from token ids kept on the device, computes the loss in chunks of
-rows (:mod:`.fastpath`), steps Adam with the fused kernel on CUDA, and writes
-checkpoints after the last update and on SIGUSR1 (then goes on) or SIGTERM
-(then ends as SIGTERM would) instead of every ``ckpt_every`` updates.  Under ``torchrun`` each
+rows (:mod:`.fastpath`), and writes checkpoints after the last update and on
+SIGUSR1 (then goes on) or SIGTERM (then ends as SIGTERM would) instead of every
+``ckpt_every`` updates; on CUDA, Adam steps with its fused kernel.  Under ``torchrun`` each
 process trains on its own share of every epoch's batches and
 DistributedDataParallel averages the gradients (gloo on CPU, NCCL on GPUs);
 every process starts from the same weights but draws its own dropout masks
@@ -660,7 +660,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     with signals:  # the gpu profile: SIGUSR1 / SIGTERM write a checkpoint after the update under way
         while state["step"] < prof.max_steps:
             if cache_epoch != state["epoch"]:
-                batches = make_batches(src_lens, tgt_lens, prof.batch_tokens, seed * 100003 + state["epoch"], prof.bucket)
+                batches = make_batches(src_lens, tgt_lens, prof.batch_tokens, seed * 100003 + state["epoch"],
+                                       prof.bucket)
                 per = len(batches) // world
                 batches = batches[rank * per : (rank + 1) * per] if world > 1 else batches
                 cache_epoch = state["epoch"]
@@ -680,8 +681,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
             loss_sum = None
             for k, part in enumerate(parts):  # one pass per part; the gradients add up to the whole batch's
                 if store is None:
-                    s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part], tok.pad_id,
-                                             tok.bos_id, tok.eos_id)
+                    s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part],
+                                             tok.pad_id, tok.bos_id, tok.eos_id)
                     s = s.to(device, non_blocking=True)
                     t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
                 elif len(parts) == 1:
