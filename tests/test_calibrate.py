@@ -243,8 +243,8 @@ def test_steady_windows_time_the_last_window_after_a_slow_start():
     r = timer.result()
     assert r["windows_s_per_update"] == [0.5, 0.2, 0.2] and r["s_per_update"] == 0.2 and r["steady"] is True
     assert r["tok_per_s"] == 5000.0 and events == ["sync", "barrier", "sync", "sync", "sync"]
-    slow = SteadyWindows(0, 10, 2, clock=lambda: now[0])
-    for step, dt in zip(range(1, 21), [0.5] * 10 + [0.3] * 10):
+    slow = SteadyWindows(1, 10, 2, clock=lambda: now[0])
+    for step, dt in zip(range(1, 22), [0.5] * 11 + [0.3] * 10):
         now[0] += dt
         slow({"step": step, "tokens": step})
     assert slow.result()["steady"] is False  # 0.5 then 0.3: not yet steady, and said so

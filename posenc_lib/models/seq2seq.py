@@ -395,7 +395,7 @@ class Seq2SeqTransformer(nn.Module):
         """``src (B, S)``, ``tgt (B, T)`` int64 -> logits ``(B, T, vocab_size)``; padding masks True at pads.
         ``states=True`` returns :meth:`decoder_states` instead (through ``forward``, so DistributedDataParallel
         sees the call)."""
-        if states:
+        if _check_bool("states", states):
             return self.decoder_states(src, tgt, src_key_padding_mask=src_key_padding_mask,
                                        tgt_key_padding_mask=tgt_key_padding_mask)
         memory = self.encode(src, src_key_padding_mask)
