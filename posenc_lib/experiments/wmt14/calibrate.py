@@ -331,9 +331,9 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
                 schemes[r["pe"]] = r
                 log(f"  {r['pe']}: {r['s_per_update'] * 1000:.1f} ms per update ({r['tok_per_s']:,.0f} target tokens/s), "
                     f"start-up {r['startup_s']:.0f} s, decoding sample {r['decode_sample_s']:.1f} s; windows: "
-                    + ", ".join(f"{x * 1000:.0f}" for x in r["windows_s_per_update"]) + " ms per update"
-                    + ("" if r["steady"] else f" (the last two differ by more than {STEADY_TOL:.0%}: not yet "
-                       "steady, raise --warm or --windows)"))
+                    + ", ".join(f"{x * 1000:.0f}" for x in r.get("windows_s_per_update", [r["s_per_update"]]))
+                    + " ms per update" + ("" if r.get("steady", True) else f" (the last two differ by more than "
+                                          f"{STEADY_TOL:.0%}: not yet steady, raise --warm or --windows)"))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     budget_s = 60.0 * budget_min
