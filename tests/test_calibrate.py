@@ -223,3 +223,38 @@ def test_gpu_runbook_needs_only_the_repository_and_the_hub():
     assert "--source hub --set max_train_pairs=600000" in commands and 'SOURCE=${SOURCE:-hub}' in script
 
 
+
+
+def test_steady_windows_time_the_last_window_after_a_slow_start():
+    """A fake clock: updates take 0.5 s until update 25, then 0.2 s; the first window (6-25) is the slow start the
+    old calibration timed, the last one the steady state; the barrier runs once, before the first edge's time."""
+    from posenc_lib.experiments.wmt14.calibrate import SteadyWindows
+
+    now = [0.0]
+    events = []
+    timer = SteadyWindows(5, 20, 3, clock=lambda: now[0], sync=lambda: events.append("sync"),
+                          at_warm=lambda: events.append("barrier"))
+    assert timer.last_step == 65
+    tokens = 0
+    for step in range(1, 66):
+        now[0] += 0.5 if step <= 25 else 0.2
+        tokens += 1000
+        timer({"step": step, "tokens": tokens})
+    r = timer.result()
+    assert r["windows_s_per_update"] == [0.5, 0.2, 0.2] and r["s_per_update"] == 0.2 and r["steady"] is True
+    assert r["tok_per_s"] == 5000.0 and events == ["sync", "barrier", "sync", "sync", "sync"]
+    slow = SteadyWindows(1, 10, 2, clock=lambda: now[0])
+    for step, dt in zip(range(1, 22), [0.5] * 11 + [0.3] * 10):
+        now[0] += dt
+        slow({"step": step, "tokens": step})
+    assert slow.result()["steady"] is False  # 0.5 then 0.3: not yet steady, and said so
+    with pytest.raises(RuntimeError, match="never ended"):
+        SteadyWindows(5, 20, 1).result()
+
+
+def test_projection_names_its_parts_and_a_checkpoint_only_at_the_end():
+    schemes = {"none": fake(0.01)}
+    prof = get_profile("gpu", {"val_every": "100"})  # ckpt_every 0: one checkpoint, after the last update
+    p = project(schemes, ["none"], [0, 1], 1, prof, 200, 5.0)
+    assert p["parts_s"] == {"startup": 20.0, "training": 4.0, "validation": 4.0, "checkpoints": 1.0, "scoring": 20.0}
+    assert p["wall_s"] == sum(p["parts_s"].values())

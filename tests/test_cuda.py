@@ -21,7 +21,10 @@ pytest summary.  What it checks, for every position scheme (``ALL_TYPES``: the c
 * translating on the GPU as a run does (large batches, each sentence with its CPU budget, the compiled step) gives
   the CPU's translations in their order, and the step compiles; the time a `gpu`-profile model takes for the
   shipped test sets as a run translates them is reported (the goal: at most 10 s for both);
-* a training run killed and resumed on the GPU follows the uninterrupted run.
+* a training run killed and resumed on the GPU follows the uninterrupted run, also on the gpu profile's path
+  (batches gathered on the device, the chunked loss, fused Adam);
+* that path's pieces on the device: batches equal ``collate``'s without a host sync, the chunked loss equals
+  the full one in bf16, and a run of updates reads the device no more often for more updates.
 
 ``POSENC_TEST_DEVICE=cpu`` runs the same file on the CPU, a dry run of the checks themselves
 (the GPU-only parts are skipped).
@@ -384,14 +387,18 @@ def _tiny_data(tmp_path: Path) -> Path:
     return d
 
 
-@pytest.mark.parametrize("precision,tol", [("fp32", 1e-4), ("auto", 2e-2)])
-def test_resume_equals_uninterrupted(tmp_path, precision, tol):
+FAST = dict(device_data=True, loss_chunk=100, bucket="both")  # the gpu profile's path on the smoke model
+
+
+@pytest.mark.parametrize("precision,tol,fast", [("fp32", 1e-4, False), ("auto", 2e-2, False), ("auto", 2e-2, True)])
+def test_resume_equals_uninterrupted(tmp_path, precision, tol, fast):
     from posenc_lib.experiments.wmt14.train import get_profile
     from posenc_lib.experiments.wmt14 import run
 
     prof = get_profile("smoke", dict(vocab_size=300, max_train_pairs=None, max_steps=8, log_every=2, val_every=4,
                                      ckpt_every=4, val_pairs=8, eval_limit=4, bertscore=False,
-                                     bootstrap_samples=20, batch_tokens=300, precision=precision))
+                                     bootstrap_samples=20, batch_tokens=300, precision=precision,
+                                     **(FAST if fast else {})))
     kw = dict(data_dir=_tiny_data(tmp_path), source="files", progress=False, log=lambda m: None, device=DEVICE)
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
@@ -416,7 +423,92 @@ def test_resume_equals_uninterrupted(tmp_path, precision, tol):
     wb = torch.load(tmp_path / "cut-ckpt" / "rope-seed1" / "checkpoint.pt", map_location="cpu", weights_only=False)
     for k in wa["model"]:
         torch.testing.assert_close(wb["model"][k], wa["model"][k], atol=tol, rtol=tol)
-    report(f"resume ({a.get('precision', precision)}): curves differ by at most {worst:.1e} after 8 updates")
+    report(f"resume ({a.get('precision', precision)}{', gpu path' if fast else ''}): curves differ by at most "
+           f"{worst:.1e} after 8 updates")
+
+
+# ----------------------------------------------------------------------------- the gpu profile's path
+def _pairs(n=200, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 30, (2, n), generator=g).tolist()
+    return ([torch.randint(4, V, (k,), generator=g).tolist() for k in lens[0]],
+            [torch.randint(4, V, (k,), generator=g).tolist() for k in lens[1]])
+
+
+def test_device_batches_equal_collate_without_a_host_sync():
+    from posenc_lib.experiments.wmt14.fastpath import DeviceData
+    from posenc_lib.experiments.wmt14.train import collate, make_batches
+
+    src, tgt = _pairs()
+    store = DeviceData(src, tgt, 0, 1, 2, DEVICE)
+    batches = make_batches([len(r) + 1 for r in src], [len(r) + 1 for r in tgt], 400, 0)
+    on_dev = store.upload_batches(batches)
+    if ON_CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = [store.gather(*x) for x in on_dev]
+    finally:
+        if ON_CUDA:
+            torch.cuda.set_sync_debug_mode(0)
+    for b, new in zip(batches, got):
+        old = collate([src[i] for i in b], [tgt[i] for i in b], 0, 1, 2)
+        assert all(torch.equal(x, y.cpu()) for x, y in zip(old, new))
+    report(f"{len(batches)} batches gathered on {DEVICE} equal collate's" + (", no host sync" if ON_CUDA else ""))
+
+
+def test_chunked_loss_equals_the_full_loss_in_bf16():
+    from posenc_lib.experiments.wmt14.fastpath import chunked_cross_entropy
+
+    model = small("rope").to(DEVICE)
+    src, tgt = (x.to(DEVICE) for x in batch(seed=4, b=6, s=20, t=17))
+    mask = src == 0
+    dev = torch.device(DEVICE).type
+    with torch.autocast(device_type=dev, dtype=torch.bfloat16):
+        logits = model(src, tgt, src_key_padding_mask=mask)
+    ref = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), ignore_index=0,
+                                            label_smoothing=0.1)
+    ref.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=dev, dtype=torch.bfloat16):
+        states = model(src, tgt, src_key_padding_mask=mask, states=True)
+        loss = chunked_cross_entropy(states, model.output_weight(), tgt, ignore_index=0, label_smoothing=0.1, chunk=32)
+    loss.backward()
+    worst = 0.0
+    for n, p in model.named_parameters():
+        if n in want and not n.endswith("k_proj.bias"):
+            rel = ((p.grad - want[n]).abs().max() / (want[n].abs().max() + 1e-12)).item()
+            worst = max(worst, rel)
+    assert abs(loss.item() - ref.item()) < 1e-2 * ref.item() and worst < 5e-2
+    report(f"chunked loss {loss.item():.4f} vs full {ref.item():.4f} (bf16); worst relative gradient gap {worst:.1e}")
+
+
+@gpu_only
+def test_the_gpu_path_reads_the_device_no_more_often_for_more_updates(tmp_path):
+    """Host syncs in a whole training run (fused Adam, batches and loss on the device), counted with
+    ``set_sync_debug_mode("warn")``: 12 updates between the same log lines may make at most two more than 4
+    (one-off first uses), not one or more per update."""
+    from posenc_lib.experiments.wmt14 import prepare_data
+    from posenc_lib.experiments.wmt14.train import get_profile, train_model
+
+    base = dict(vocab_size=300, max_train_pairs=None, val_pairs=8, batch_tokens=300, ckpt_every=0, **FAST)
+    tok, data, _ = prepare_data(get_profile("smoke", base), tmp_path / "r", data_dir=_tiny_data(tmp_path),
+                                source="files", log=lambda m: None)
+    counts = []
+    for steps in (4, 12):
+        prof = get_profile("smoke", dict(base, max_steps=steps, log_every=steps, val_every=steps))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                train_model("rope", 0, prof, data, tok, tmp_path / f"m{steps}", device=DEVICE, progress=False,
+                            log=lambda m: None)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    report(f"gpu path: {counts[0]} host syncs in a run of 4 updates, {counts[1]} in one of 12")
+    assert counts[1] <= counts[0] + 2, counts
 
 
 @gpu_only

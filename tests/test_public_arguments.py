@@ -87,6 +87,7 @@ def _cases():
         "reorder float index": (lambda: m.new_cache().reorder(torch.zeros(2)), TypeError,
                                 r"index must hold integer row ids .*got dtype torch\.float32"),
         # -- greedy_decode and beam_search
+        "forward states 'no'": (lambda: m(SRC, TGT, states="no"), TypeError, r"states must be True or False, got 'no'"),
         "greedy use_cache 'no'": (lambda: greedy_decode(m, SRC, use_cache="no", **dec), TypeError,
                                   r"use_cache must be True or False, got 'no'"),
         "greedy use_cache 0": (lambda: greedy_decode(m, SRC, use_cache=0, **dec), TypeError,

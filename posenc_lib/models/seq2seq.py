@@ -322,6 +322,10 @@ class Seq2SeqTransformer(nn.Module):
         decoding loop whose new tokens come from the model's own argmax), so that the step reads no value
         back and :func:`torch.compile` traces it as one graph (:func:`~posenc_lib.models.decoding.greedy_decode`
         with ``compile=True``)."""
+        return self.logits(self._decoder_output(tgt, memory, memory_key_padding_mask, tgt_key_padding_mask, cache))
+
+    def _decoder_output(self, tgt, memory, memory_key_padding_mask, tgt_key_padding_mask, cache) -> torch.Tensor:
+        """The decoder's normalised outputs ``(B, T, d_model)``; :meth:`decode_unchecked` less the output layer."""
         offset = cache.offset if cache is not None else 0
         t = tgt.shape[1]
         q_pos = torch.arange(offset, offset + t, device=tgt.device)
@@ -340,7 +344,23 @@ class Seq2SeqTransformer(nn.Module):
                 x = layer(x, memory, tgt_key_padding_mask, memory_key_padding_mask, self.dec_scheme, prep, i, c)
         if cache is not None:
             cache.offset += t
-        return self.logits(self.dec_norm(x))
+        return self.dec_norm(x)
+
+    def decoder_states(self, src: torch.Tensor, tgt: torch.Tensor, *, src_key_padding_mask=None,
+                       tgt_key_padding_mask=None) -> torch.Tensor:
+        """The decoder's normalised outputs ``(B, T, d_model)``, before the output layer: :meth:`forward` without
+        :meth:`logits` (the same checks and operations), for a loss that multiplies them by :meth:`output_weight`
+        in parts, so that no full logits tensor is made."""
+        memory = self.encode(src, src_key_padding_mask)
+        self._check_ids("tgt", tgt)
+        self.check_length(self.dec_scheme, tgt.shape[1], "a target")
+        check_padding_mask("tgt_key_padding_mask", tgt_key_padding_mask, *tgt.shape)
+        self._check_memory(memory, tgt.shape[0])
+        return self._decoder_output(tgt, memory, src_key_padding_mask, tgt_key_padding_mask, None)
+
+    def output_weight(self) -> torch.Tensor:
+        """The ``(vocab_size, d_model)`` matrix :meth:`logits` multiplies by (the tied embedding or ``out_proj``)."""
+        return self.embed.weight if self.out_proj is None else self.out_proj.weight
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, T, d_model)`` decoder outputs -> ``(B, T, vocab_size)`` scores (the tied embedding or ``out_proj``).
@@ -370,8 +390,14 @@ class Seq2SeqTransformer(nn.Module):
         *,
         src_key_padding_mask: torch.Tensor | None = None,
         tgt_key_padding_mask: torch.Tensor | None = None,
+        states: bool = False,
     ) -> torch.Tensor:
-        """``src (B, S)``, ``tgt (B, T)`` int64 -> logits ``(B, T, vocab_size)``; padding masks True at pads."""
+        """``src (B, S)``, ``tgt (B, T)`` int64 -> logits ``(B, T, vocab_size)``; padding masks True at pads.
+        ``states=True`` returns :meth:`decoder_states` instead (through ``forward``, so DistributedDataParallel
+        sees the call)."""
+        if _check_bool("states", states):
+            return self.decoder_states(src, tgt, src_key_padding_mask=src_key_padding_mask,
+                                       tgt_key_padding_mask=tgt_key_padding_mask)
         memory = self.encode(src, src_key_padding_mask)
         return self.decode(
             tgt, memory, memory_key_padding_mask=src_key_padding_mask, tgt_key_padding_mask=tgt_key_padding_mask

@@ -3,9 +3,11 @@
 * ``data.py``: the shipped Europarl pairs and WMT14 test sets, or the hub's ``wmt14``;
 * ``tokenizer.py``: joint BPE (or mBERT's WordPiece);
 * ``train.py``: profiles (smoke, cpu, gpu), the training loop, checkpoints;
+* ``fastpath.py``: the gpu profile's batches gathered on the device and its loss computed in chunks;
 * ``evaluate.py``: decoding and BLEU, chrF, BERTScore, the paired bootstrap;
 * ``pipeline.py``: a whole run (train, translate, score each model; collect; figures);
 * ``calibrate.py``: time a few updates on this machine and fit a run to a budget;
+* ``gpucheck.py``: time and profile one update per scheme (matrix FLOPs, TFLOP/s, the busiest kernels);
 * ``cli.py`` / ``__main__.py``: ``python -m posenc_lib.experiments.wmt14 [score|make-data|calibrate]``.
 """
 from .pipeline import (DEFAULT_PES, DIRECTIONS, TESTS, bleu_by_length, default_ckpt_dir, make_data, parse_pes,

@@ -8,7 +8,10 @@ are measured.  This command measures, with the run's own data, model and trainin
 
 * **time per update** and target tokens/s of every scheme, with as many models training at once as
   the run will train (``--jobs``): ``--warm`` updates first (allocator, kernels), then all processes
-  wait for each other and time ``--updates`` updates between two device synchronisations;
+  wait for each other and time ``--windows`` windows of ``--updates`` updates each, with a device
+  synchronisation at each window's edges only.  The last window is the figure the plan uses: the first
+  ones after start-up run slower (on one H200 updates 6-25 took 2-2.5x the steady time), and whether
+  the last two windows agree within 10% is recorded (``steady``) and a disagreement is printed;
 * **peak memory** per process (GPU: allocated and reserved; CPU: resident set);
 * **start-up** (process, data, model, first validation), one **validation** pass, writing a
   checkpoint's worth of tensors (weights and Adam's two moments), and **decoding**
@@ -52,8 +55,47 @@ from .pipeline import (DIRECTIONS, DEFAULT_PES, check_hardware, default_ckpt_dir
 
 #: how long a process waits for the others before timing alone (s)
 BARRIER_TIMEOUT_S = 900.0
-#: defaults: untimed and timed updates per scheme, newstest2014 sentences decoded
-WARM, UPDATES, SAMPLE = 5, 20, 300
+#: defaults: untimed updates, timed updates per window, windows, newstest2014 sentences decoded
+WARM, UPDATES, WINDOWS, SAMPLE = 5, 20, 3, 300
+#: two windows whose times per update differ by at most this share of the last count as steady
+STEADY_TOL = 0.10
+
+
+class SteadyWindows:
+    """An ``on_update`` callback timing ``windows`` windows of ``updates`` updates after ``warm`` untimed ones.
+
+    ``sync`` waits for the device at each window edge (and nowhere else); ``at_warm`` runs once at the first
+    edge, before its time is taken (the processes' barrier); ``clock`` is the time source.  :meth:`result`
+    gives the last window's seconds per update and target tokens/s, every window's seconds per update,
+    and ``steady``: whether the last two windows agree within ``tol``.
+    """
+
+    def __init__(self, warm: int, updates: int, windows: int, *, sync=lambda: None, at_warm=None,
+                 clock=time.perf_counter, tol: float = STEADY_TOL):
+        self.updates, self.tol, self.sync, self.at_warm, self.clock = updates, tol, sync, at_warm, clock
+        self.edges = [warm + k * updates for k in range(windows + 1)]
+        self.marks: list[tuple[float, int]] = []
+
+    @property
+    def last_step(self) -> int:
+        return self.edges[-1]
+
+    def __call__(self, state: dict) -> None:
+        if state["step"] not in self.edges:
+            return
+        self.sync()
+        if state["step"] == self.edges[0] and self.at_warm is not None:
+            self.at_warm()
+        self.marks.append((self.clock(), state["tokens"]))
+
+    def result(self) -> dict:
+        if len(self.marks) < 2:
+            raise RuntimeError(f"the timed window never ended: {len(self.marks)} of {len(self.edges)} edges reached")
+        spans = [(t1 - t0, k1 - k0) for (t0, k0), (t1, k1) in zip(self.marks, self.marks[1:])]
+        per = [dt / self.updates for dt, _ in spans]
+        steady = len(per) < 2 or abs(per[-1] - per[-2]) <= self.tol * per[-1]
+        return {"s_per_update": round(per[-1], 5), "tok_per_s": round(spans[-1][1] / spans[-1][0], 1),
+                "windows_s_per_update": [round(x, 5) for x in per], "steady": steady}
 
 
 def _sync(device: str) -> None:
@@ -70,8 +112,8 @@ def _peak_memory(device: str) -> dict:
 
 
 def timing_profile(prof: Profile, warm: int, updates: int) -> Profile:
-    """The profile with logging, validation and checkpoints pushed past the timed window (same model,
-    data, batches and learning rate otherwise), and room for ``warm + updates`` updates."""
+    """The profile with logging, validation and checkpoints pushed past the timed updates (same model,
+    data, batches and learning rate otherwise), and room for ``warm + updates`` updates (every window's)."""
     span = warm + updates + 1
     return replace(prof, max_steps=max(prof.max_steps, span), log_every=span, val_every=span, ckpt_every=span)
 
@@ -80,8 +122,8 @@ def measure_scheme(pe: str, job: dict, barrier=None, threads: int | None = None)
     """Time one scheme's updates, validation and decoding (run in its own process when ``jobs > 1``)."""
     if threads:
         torch.set_num_threads(threads)
-    device, warm, updates = job["device"], job["warm"], job["updates"]
-    prof = timing_profile(job["prof"], warm, updates)
+    device, warm, updates, windows = job["device"], job["warm"], job["updates"], job.get("windows", 1)
+    prof = timing_profile(job["prof"], warm, updates * windows)
     tok, data = job.get("tok"), job.get("data")
     if tok is None:
         tok = get_tokenizer(prof.tokenizer, cache=Path(job["run_dir"]) / "tokenizer.json", vocab=job["vocab"])
@@ -90,26 +132,24 @@ def measure_scheme(pe: str, job: dict, barrier=None, threads: int | None = None)
     work = Path(job["work_dir"]) / f"{pe}-{os.getpid()}"  # a scheme may be trained twice at once
     marks: dict = {"aligned": True if barrier is None else None}  # None: never reached the barrier
 
+    def at_warm():
+        if barrier is not None:
+            try:
+                barrier.wait(BARRIER_TIMEOUT_S)
+                marks["aligned"] = True
+            except Exception:  # noqa: BLE001 (threading.BrokenBarrierError through a manager proxy)
+                marks["aligned"] = False
+
+    timer = SteadyWindows(warm, updates, windows, sync=lambda: _sync(device), at_warm=at_warm)
+
     def on_update(state):
-        step = state["step"]
-        if step == 1:
+        if state["step"] == 1:
             _sync(device)
             marks["first"] = time.time()
-        if step == warm:
-            _sync(device)
-            if barrier is not None:
-                try:
-                    barrier.wait(BARRIER_TIMEOUT_S)
-                    marks["aligned"] = True
-                except Exception:  # noqa: BLE001 (threading.BrokenBarrierError through a manager proxy)
-                    marks["aligned"] = False
-            marks["t0"], marks["tok0"] = time.perf_counter(), state["tokens"]
-        if step == warm + updates:
-            _sync(device)
-            marks["t1"], marks["tok1"] = time.perf_counter(), state["tokens"]
+        timer(state)
 
     try:
-        tr = train_model(pe, 0, prof, data, tok, work, device=device, progress=False, stop_after=warm + updates,
+        tr = train_model(pe, 0, prof, data, tok, work, device=device, progress=False, stop_after=timer.last_step,
                          ckpt_dir=work, log=lambda m: None, on_update=on_update)
         model = tr["model"]
         prec = Precision(tr["precision"], device)
@@ -135,11 +175,10 @@ def measure_scheme(pe: str, job: dict, barrier=None, threads: int | None = None)
         ckpt_s = time.perf_counter() - t
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    window = marks["t1"] - marks["t0"]
-    return {"pe": pe, "s_per_update": round(window / updates, 5),
-            "tok_per_s": round((marks["tok1"] - marks["tok0"]) / window, 1),
+    timed = timer.result()
+    return {"pe": pe, **timed,
             # to the end of the first update, less one update's time: process, data, model, first validation
-            "startup_s": round(max(0.0, marks["first"] - job["t_submit"] - window / updates), 2),
+            "startup_s": round(max(0.0, marks["first"] - job["t_submit"] - timed["s_per_update"]), 2),
             "val_s": round(val_s, 3), "ckpt_s": round(ckpt_s, 3), "decode_sample_s": round(decode_s, 3),
             "decode_mode": "beam, stops at </s>" if prof.beam > 1 else "greedy, no early stop (upper bound)",
             "aligned": marks["aligned"], "precision": tr["precision"], **_peak_memory(device)}  # fmt: skip
@@ -161,17 +200,24 @@ def project(schemes: dict[str, dict], pes: list[str], seeds: list[int], jobs: in
     (with the validation at update 0), its updates, its validation passes and checkpoints (every
     ``prof.val_every`` / ``prof.ckpt_every`` updates and after the last) and its decoding (the sample's
     time x ``decode_scale``); the models start in the run's order on the first of ``jobs`` free slots;
-    ``overhead_s`` comes first (reading the data). Returns ``{"wall_s", "per_model_s": {name: s}}``."""
+    ``overhead_s`` comes first (reading the data). Returns ``{"wall_s", "per_model_s": {name: s}, "parts_s"}``,
+    ``parts_s`` summing each part over the models (start-up, training, validation, checkpoints, scoring: the
+    decoding of the test sets) in model-seconds: with ``jobs`` at a time they overlap in wall time."""
     slots = [overhead_s] * jobs
-    per = {}
+    per, parts = {}, dict.fromkeys(("startup", "training", "validation", "checkpoints", "scoring"), 0.0)
+    n_ckpt = every(max_steps, prof.ckpt_every) if prof.ckpt_every else 1  # 0: after the last update only
     for pe, seed in run_order(pes, seeds):
         m = schemes[pe]
-        cost = (m["startup_s"] + max_steps * m["s_per_update"] + every(max_steps, prof.val_every) * m["val_s"]
-                + every(max_steps, prof.ckpt_every) * m["ckpt_s"] + m["decode_sample_s"] * decode_scale)
+        mine = {"startup": m["startup_s"], "training": max_steps * m["s_per_update"],
+                "validation": every(max_steps, prof.val_every) * m["val_s"], "checkpoints": n_ckpt * m["ckpt_s"],
+                "scoring": m["decode_sample_s"] * decode_scale}
+        cost = (mine["startup"] + mine["training"] + mine["validation"] + mine["checkpoints"] + mine["scoring"])
+        for k, v in mine.items():
+            parts[k] += v
         i = min(range(jobs), key=slots.__getitem__)
         slots[i] += cost
         per[f"{pe}-seed{seed}"] = round(cost, 1)
-    return {"wall_s": round(max(slots), 1), "per_model_s": per}
+    return {"wall_s": round(max(slots), 1), "per_model_s": per, "parts_s": {k: round(v, 1) for k, v in parts.items()}}
 
 
 def largest_fit(schemes, pes, seeds, jobs, prof: Profile, decode_scale, overhead_s, budget_s) -> int | None:
@@ -196,11 +242,11 @@ def largest_fit(schemes, pes, seeds, jobs, prof: Profile, decode_scale, overhead
 def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction: str = "fr-en", data_dir=None,
               source: str = "auto", vocab=None, device: str | None = None, jobs: int | str = "auto",
               warm: int = WARM, updates: int = UPDATES, sample: int = SAMPLE, budget_min: float = 15.0, ckpt_dir=None,
-              threads: int | None = None, log=print) -> dict:
+              threads: int | None = None, windows: int = WINDOWS, log=print) -> dict:
     """Measure every scheme on this machine, project the run and fit ``max_steps`` to ``budget_min``;
     writes and returns ``OUT/calibration.json``'s content."""
     pes = [canonical_run_pe(p) for p in pes]
-    for flag, v in (("--warm", warm), ("--updates", updates), ("--sample", sample)):
+    for flag, v in (("--warm", warm), ("--updates", updates), ("--sample", sample), ("--windows", windows)):
         check_positive_int(flag, v)
     if not (isinstance(budget_min, (int, float)) and math.isfinite(budget_min) and budget_min > 0):
         raise ValueError(f"--budget-min must be a positive number of minutes, got {budget_min!r}")
@@ -216,11 +262,12 @@ def calibrate(prof: Profile, pes: list[str], seeds: list[int], out, *, direction
         with FolderLock(run_dir, what="--out folder", log=log), FolderLock(ckpt_root, what="--ckpt-dir", log=log):
             return _calibrate_locked(prof, pes, seeds, run_dir, ckpt_root, direction=direction, data_dir=data_dir,
                                      source=source, vocab=vocab, device=device, jobs=jobs, warm=warm, updates=updates,
-                                     sample=sample, budget_min=budget_min, ckpt_dir=ckpt_dir, threads=threads, log=log)
+                                     sample=sample, budget_min=budget_min, ckpt_dir=ckpt_dir, threads=threads,
+                                     windows=windows, log=log)
 
 
 def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direction, data_dir, source, vocab, device,
-                      jobs, warm, updates, sample, budget_min, ckpt_dir, threads, log) -> dict:
+                      jobs, warm, updates, sample, budget_min, ckpt_dir, threads, windows, log) -> dict:
     if device is None:
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
     precision = resolve_precision(prof.precision, device)
@@ -251,11 +298,13 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
     decode_scale = test_tokens / src_tokens(picks)
     # the timed models' checkpoints: a folder made here (never one that was there already), removed at the end
     work_dir = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".calibration-"))
-    job = {"prof": prof, "device": device, "warm": warm, "updates": updates, "run_dir": str(run_dir),
+    job = {"prof": prof, "device": device, "warm": warm, "updates": updates, "windows": windows,
+           "run_dir": str(run_dir),
            "vocab": None if vocab is None else str(vocab), "data_cache": str(ckpt_root / f"data-{direction}.pt"),
            "work_dir": str(work_dir), "sample": picks}
     concurrent = min(jobs, len(pes))
-    log(f"calibrating on {device} ({precision}): {warm} + {updates} timed updates per scheme, {concurrent} at a time; "
+    log(f"calibrating on {device} ({precision}): {warm} untimed + {windows} x {updates} timed updates per scheme (the "
+        f"last window counts), {concurrent} at a time; "
         f"decoding {len(picks)} newstest2014 sentences")
     schemes: dict[str, dict] = {}
     try:
@@ -281,7 +330,10 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
                 r["concurrent"] = len(group)
                 schemes[r["pe"]] = r
                 log(f"  {r['pe']}: {r['s_per_update'] * 1000:.1f} ms per update ({r['tok_per_s']:,.0f} target tokens/s), "
-                    f"start-up {r['startup_s']:.0f} s, decoding sample {r['decode_sample_s']:.1f} s")
+                    f"start-up {r['startup_s']:.0f} s, decoding sample {r['decode_sample_s']:.1f} s; windows: "
+                    + ", ".join(f"{x * 1000:.0f}" for x in r.get("windows_s_per_update", [r["s_per_update"]]))
+                    + " ms per update" + ("" if r.get("steady", True) else f" (the last two differ by more than "
+                                          f"{STEADY_TOL:.0%}: not yet steady, raise --warm or --windows)"))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     budget_s = 60.0 * budget_min
@@ -293,8 +345,9 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
         row = {"seeds": n, "max_steps": steps}
         if steps is not None:
             row["warmup"] = max(1, round(prof.warmup * steps / prof.max_steps))
-            row["wall_min"] = round(project(schemes, pes, s_list, jobs, prof, steps, decode_scale, load_s)["wall_s"] / 60,
-                                    2)
+            fit = project(schemes, pes, s_list, jobs, prof, steps, decode_scale, load_s)
+            row["wall_min"] = round(fit["wall_s"] / 60, 2)
+            row["parts_s"] = fit["parts_s"]
         fits.append(row)
     mine = largest_fit(schemes, pes, seeds, jobs, prof, decode_scale, load_s, budget_s)
     command = None
@@ -315,11 +368,11 @@ def _calibrate_locked(prof, pes, seeds, run_dir: Path, ckpt_root: Path, *, direc
     need = None if total_gib is None else max(r["peak_reserved_gib"] for r in schemes.values()) * jobs
     result = {
         "hardware": hardware(device, precision), "profile": asdict(prof), "pes": pes, "seeds": seeds, "jobs": jobs,
-        "warm": warm, "updates": updates, "prep_s": round(prep_s, 1), "load_s": round(load_s, 1),
+        "warm": warm, "updates": updates, "windows": windows, "prep_s": round(prep_s, 1), "load_s": round(load_s, 1),
         "decode_sample_sentences": len(picks), "decode_scale": round(decode_scale, 3), "schemes": schemes,
         "budget_min": budget_min,
         "projection": {"max_steps": prof.max_steps, "wall_min": round(plan["wall_s"] / 60, 2),
-                       "per_model_s": plan["per_model_s"]},
+                       "per_model_s": plan["per_model_s"], "parts_s": plan["parts_s"]},
         "fits": fits, "max_steps_for_seeds": mine, "command": command,
         "memory": {"gpu_gib": None if total_gib is None else round(total_gib, 1),
                    "reserved_gib_all_jobs": None if need is None else round(need, 1),
@@ -343,7 +396,12 @@ def _report(r: dict, log=print) -> None:
             f"{m['val_s']:>8.2f}{m['decode_sample_s'] * r['decode_scale']:>10.1f}")
     n = len(r["pes"]) * len(r["seeds"])
     log(f"projected: {n} models, {r['jobs']} at a time, max_steps {r['projection']['max_steps']}: "
-        f"{r['projection']['wall_min']:.1f} min of wall time (budget {r['budget_min']:g} min)")
+        f"{r['projection']['wall_min']:.1f} min of wall time (budget {r['budget_min']:g} min), reading the data "
+        f"{r['load_s']:.0f} s first")
+    log("  its parts, summed over the models (model-minutes; " + (f"{r['jobs']} at a time overlap): " if r["jobs"] > 1
+                                                                  else "one at a time): ")
+        + ", ".join(f"{k} {v / 60:.1f}" for k, v in r["projection"]["parts_s"].items())
+        + " (scoring: decoding the three test passes, greedy without early stop: an upper bound)")
     log("largest max_steps within the budget: " + " | ".join(
         f"{f['seeds']} seed{'s' if f['seeds'] > 1 else ''}: {f['max_steps'] or 'none fits'}" for f in r["fits"]))
     if r["memory"]["fits"] is False:
@@ -373,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present; the gpu profile on a "
                                                   "machine without one needs --device cpu)")
     ap.add_argument("--warm", type=int, default=WARM, help=f"untimed updates first (default {WARM})")
-    ap.add_argument("--updates", type=int, default=UPDATES, help=f"timed updates per scheme (default {UPDATES})")
+    ap.add_argument("--updates", type=int, default=UPDATES, help=f"timed updates per window (default {UPDATES})")
+    ap.add_argument("--windows", type=int, default=WINDOWS, help=f"timed windows per scheme; the last one counts "
+                                                                  f"(default {WINDOWS})")
     ap.add_argument("--sample", type=int, default=SAMPLE, help=f"newstest2014 sentences decoded (default {SAMPLE})")
     ap.add_argument("--budget-min", type=float, default=15.0, help="wall-time budget of the run (default 15)")
     args = ap.parse_args(argv)
@@ -393,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         calibrate(prof, pes, seeds, args.out or f"runs/wmt14-{prof.name}", direction=args.direction,
                   data_dir=args.data_dir, source=args.source, vocab=args.vocab, jobs=args.jobs, warm=args.warm,
                   updates=args.updates, sample=args.sample, budget_min=args.budget_min, ckpt_dir=args.ckpt_dir,
-                  threads=args.threads, device=device)
+                  windows=args.windows, threads=args.threads, device=device)
     except (FileNotFoundError, ValueError, ConnectionError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

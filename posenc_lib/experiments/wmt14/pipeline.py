@@ -70,7 +70,9 @@ DATA_FIELDS = ("tokenizer", "vocab_size", "max_tokens", "max_train_pairs", "val_
 #: profile fields that change memory use or speed, not the recipe: a run may resume with another value (e.g.
 #: after OOM, or on a CPU without native bf16); every model's result.json records the precision it trained in,
 #: and a checkpoint is only resumed in its own precision
-MEMORY_FIELDS = ("micro_batch_tokens", "precision")
+MEMORY_FIELDS = ("micro_batch_tokens", "precision", "device_data", "loss_chunk")
+#: profile fields that say when checkpoints are written: a checkpoint is the same whenever it is made
+CHECKPOINT_FIELDS = ("ckpt_every", "ckpt_on_signal")
 
 
 def parse_pes(text: str) -> list[str]:
@@ -323,7 +325,7 @@ def check_config(run_dir: Path, config: dict) -> dict:
         raise ValueError(f"{path} is not a run's config.json (no profile); is {run_dir} a run folder of "
                          "python -m posenc_lib.experiments.wmt14? Use another --out")
     defaults = asdict(Profile())
-    diff = [k for k in config["profile"] if k not in EVAL_FIELDS + MEMORY_FIELDS
+    diff = [k for k in config["profile"] if k not in EVAL_FIELDS + MEMORY_FIELDS + CHECKPOINT_FIELDS
             and old["profile"].get(k, defaults.get(k)) != config["profile"][k]]
     diff += [k for k in ("direction", "tokenizer_source") if old.get(k) != config.get(k)]
     if diff:

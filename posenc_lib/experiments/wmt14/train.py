@@ -16,7 +16,11 @@ device: they are always loaded on the CPU first.  Mixed precision follows the
 hardware (:func:`resolve_precision`): bf16 autocast on GPUs that support it,
 fp16 with a gradient scaler on older GPUs (T4, V100), float32 on the CPU.
 The loop never waits for the GPU between updates: losses are summed on the
-device and read once per ``log_every`` updates.  Under ``torchrun`` each
+device and read once per ``log_every`` updates.  The ``gpu`` profile also gathers
+its batches from token ids kept on the device, computes the loss in chunks of
+rows (:mod:`.fastpath`), and writes checkpoints after the last update and on
+SIGUSR1 (then goes on) or SIGTERM (then ends as SIGTERM would) instead of every
+``ckpt_every`` updates; on CUDA, Adam steps with its fused kernel.  Under ``torchrun`` each
 process trains on its own share of every epoch's batches and
 DistributedDataParallel averages the gradients (gloo on CPU, NCCL on GPUs);
 every process starts from the same weights but draws its own dropout masks
@@ -29,6 +33,8 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -37,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .evaluate import pad_batch
+from .fastpath import DeviceData, chunked_cross_entropy
 from ...models.seq2seq import build_model
 from ...schemes.registry import PE_TYPES, canonical_pe
 from .tokenizer import TOKENIZERS
@@ -46,6 +53,8 @@ from ...seeds import set_seed
 
 #: ``precision`` values: ``auto`` = bf16 where the GPU supports it, else fp16 (+ GradScaler); fp32 on CPU
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+#: ``bucket`` values: batches of pairs sorted by target length (then source), or by both lengths together
+BUCKETS = ("target", "both")
 
 
 class CheckpointError(ValueError):
@@ -64,7 +73,8 @@ _RANGES = {
     "max_steps": (int, 1, None, True, True, False), "label_smoothing": (float, 0.0, 1.0, True, False, False),
     "clip_norm": (float, 0.0, None, False, True, False), "log_every": (int, 1, None, True, True, False),
     "val_every": (int, 1, None, True, True, False), "val_pairs": (int, 1, None, True, True, False),
-    "ckpt_every": (int, 1, None, True, True, False), "eval_limit": (int, 1, None, True, True, True),
+    "ckpt_every": (int, 0, None, True, True, False), "eval_limit": (int, 1, None, True, True, True),
+    "loss_chunk": (int, 1, None, True, True, True),
     "beam": (int, 1, None, True, True, False), "length_penalty": (float, 0.0, None, True, True, False),
     "bootstrap_samples": (int, 1, None, True, True, False),
 }  # fmt: skip
@@ -89,13 +99,14 @@ def validate_profile(prof: Profile) -> None:
             raise ValueError(f"profile field {name}={v!r} is invalid; allowed: {allowed}")
         if (lo is not None and (v < lo if lo_ok else v <= lo)) or (hi is not None and (v > hi if hi_ok else v >= hi)):
             raise ValueError(f"profile field {name}={v!r} is out of range; allowed: {allowed}")
-    for name in ("bertscore",):
+    for name in ("bertscore", "device_data", "ckpt_on_signal"):
         if not isinstance(getattr(prof, name), bool):
             raise ValueError(f"profile field {name}={getattr(prof, name)!r} is invalid; allowed: true or false")
     if not isinstance(prof.name, str) or not prof.name:
         raise ValueError(f"profile field name={prof.name!r} is invalid; allowed: a non-empty string")
     check_choice("profile field tokenizer", prof.tokenizer, TOKENIZERS)
     check_choice("profile field precision", prof.precision, PRECISIONS)
+    check_choice("profile field bucket", prof.bucket, BUCKETS)
     if prof.d_model % prof.n_heads:
         raise ValueError(f"profile field n_heads={prof.n_heads} does not divide d_model={prof.d_model}; allowed: "
                          f"{[h for h in range(1, prof.d_model + 1) if prof.d_model % h == 0]}")
@@ -169,7 +180,17 @@ class Profile:
     log_every: int = 50  # metrics line every N updates
     val_every: int = 250  # validation loss every N updates (multiple of log_every)
     val_pairs: int = 300  # fixed random newstest2013 subset (pairs <= max_tokens) for validation loss
-    ckpt_every: int = 250  # checkpoint every N updates (multiple of log_every)
+    ckpt_every: int = 250  # checkpoint every N updates (multiple of log_every); 0: only after the last update
+    # checkpoint on SIGUSR1 and go on; on SIGTERM checkpoint, then end as SIGTERM would (the gpu profile)
+    ckpt_on_signal: bool = False
+    # speed (the gpu profile; the same recipe): batches gathered from token ids kept on the device
+    # (fastpath.DeviceData) instead of collated on the host, and the loss computed loss_chunk rows of
+    # logits at a time (fastpath.chunked_cross_entropy; None: the whole logits tensor, upcast to fp32)
+    device_data: bool = False
+    loss_chunk: int | None = None
+    # batching: "target" sorts each chunk of pairs by target length (then source length); "both" by the
+    # longer side in buckets of 4 tokens, then target, then source length: less source padding
+    bucket: str = "target"
     # evaluation
     eval_limit: int | None = None  # score only the first N sentences of each test set (None: all)
     beam: int = 1  # 1 = greedy; e.g. 4 for beam search
@@ -208,11 +229,15 @@ PROFILES: dict[str, Profile] = {
     # 16k joint BPE), <= 64-token pairs, ~24k target tokens per update, 3200 updates (~77M target
     # tokens, ~4 epochs of 600k pairs). Sized by arithmetic in benchmarks/README.md (four schemes x two
     # seeds in about 20 minutes on one H100); calibrated on one H200 (results/wmt14-gpu-short): about
-    # 33 minutes for the four schemes of one seed, four at a time.
+    # 33 minutes for the four schemes of one seed, four at a time. Since those runs: batches gathered on the
+    # device, the loss in chunks, checkpoints only at the end and on a signal, and batches bucketed on both
+    # lengths (source padding 26% -> 9.5% on the shipped pairs, benchmarks/results/wmt14_padding.json);
+    # the committed GPU runs used bucket=target (--set bucket=target repeats them).
     "gpu": Profile(
         name="gpu", d_model=512, n_heads=8, num_layers=6, num_decoder_layers=6, dim_feedforward=2048,
         vocab_size=16000, max_tokens=64, batch_tokens=24000, lr=8e-4, warmup=800, max_steps=3200,
-        log_every=100, val_every=400, val_pairs=500, ckpt_every=400,
+        log_every=100, val_every=400, val_pairs=500, ckpt_every=0, ckpt_on_signal=True, device_data=True,
+        loss_chunk=4096, bucket="both",
     ),
 }  # fmt: skip
 
@@ -355,17 +380,31 @@ def barrier() -> None:
 
 
 # -- batching --------------------------------------------------------------------------------------
-def make_batches(src_lens: list[int], tgt_lens: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
+#: ``bucket="both"``: pairs whose longer side falls in the same step of this many tokens are batched together
+BOTH_STEP = 4
+
+
+def make_batches(src_lens: list[int], tgt_lens: list[int], batch_tokens: int, seed: int,
+                 bucket: str = "target") -> list[list[int]]:
     """Token-count batches from length buckets: shuffle, sort chunks by length, cut, shuffle the batches.
 
     A batch of ``n`` pairs whose longest target has ``T`` tokens costs ``n * T <= batch_tokens``.
+    ``bucket``: ``"target"`` sorts by (target, source) length; ``"both"`` by the longer side in steps of
+    :data:`BOTH_STEP` tokens first, so that a batch's sources are about as long as each other too.
     """
+    check_choice("bucket", bucket, BUCKETS)
     rng = random.Random(seed)
     idx = list(range(len(src_lens)))
     rng.shuffle(idx)
     batches, chunk = [], 100 * max(1, batch_tokens // 16)
+    if bucket == "target":
+        def key(i):
+            return tgt_lens[i], src_lens[i]
+    else:
+        def key(i):
+            return max(tgt_lens[i], src_lens[i]) // BOTH_STEP, tgt_lens[i], src_lens[i]
     for start in range(0, len(idx), chunk):
-        part = sorted(idx[start : start + chunk], key=lambda i: (tgt_lens[i], src_lens[i]))
+        part = sorted(idx[start : start + chunk], key=key)
         cur, width = [], 0
         for i in part:
             w = max(width, tgt_lens[i])
@@ -558,7 +597,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     model = build_model(scheme, tok.vocab_size, pad_id=tok.pad_id, **prof.model_kwargs(), **options).to(device)
     if world > 1:
         set_seed(process_seed(seed, rank))  # ... but each process its own dropout masks
-    opt = torch.optim.Adam(model.parameters(), lr=prof.lr, betas=(0.9, 0.98), eps=1e-9)
+    fused = torch.device(device).type == "cuda"  # one kernel for every parameter's update on a GPU
+    opt = torch.optim.Adam(model.parameters(), lr=prof.lr, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
     state = {"step": 0, "epoch": 0, "batch_idx": 0, "wall": 0.0, "tokens": 0}
     if resume:
         _remove_stale_temps(ckpt_path)
@@ -567,6 +607,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
         try:
             model.load_state_dict(ck["model"])
             opt.load_state_dict(ck["optim"])  # moves the optimizer state to the parameters' device
+            set_fused(opt, fused)  # the saved groups say how the writer stepped; this device decides here
         except (RuntimeError, ValueError, KeyError) as err:
             raise CheckpointError(f"checkpoint {ckpt_path} was made for another model or optimizer "
                                   f"({str(err).strip().splitlines()[0][:160]}); delete it to retrain that model "
@@ -577,11 +618,14 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
                                   f"retrain that model from scratch in {prec.mode}")
         if prec.scaler is not None and ck.get("scaler"):
             prec.scaler.load_state_dict(ck["scaler"])
-        state = ck["state"]
+        state = dict(ck["state"])
+        window = state.pop("window", None)  # a checkpoint made between two log lines (on a signal)
         restore_rng_state(ck["rng"][rank] if rank < len(ck["rng"]) else ck["rng"][0], log)
         log(f"resumed {model_dir.name} from update {state['step']}")
     elif resume:
         log(f"no checkpoint {ckpt_path}; starting {model_dir.name} from scratch")
+    if not (resume and ckpt_path.is_file()):
+        window = None
     curve = read_metrics(metrics_path, state["step"])
     if rank == 0:
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in curve))
@@ -591,7 +635,10 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     train = data["train"]
     src_lens = [len(r) + 1 for r in train["src"]]
     tgt_lens = [len(r) + 1 for r in train["tgt"]]
-    cache_epoch, batches = None, []
+    cache_epoch, batches, on_device = None, [], []
+    # the gpu profile: every pair's ids on the device once; a batch is one gather there
+    store = DeviceData(train["src"], train["tgt"], tok.pad_id, tok.bos_id, tok.eos_id, device) if prof.device_data \
+        else None
     bar = None
     if progress and rank == 0:
         from tqdm.auto import tqdm
@@ -606,87 +653,122 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     model.train()
     # the summed loss stays on the device and is read once per log line: no host sync per update
     run_loss, run_tok, run_n, t_log = torch.zeros((), device=device), 0, 0, time.perf_counter()
+    if window is not None:  # the log line's window the checkpoint was cut in: the curve goes on as if uncut
+        run_loss, run_tok, run_n = torch.tensor(window["loss"], device=device), window["tok"], window["n"]
     t_last = time.perf_counter()
-    while state["step"] < prof.max_steps:
-        if cache_epoch != state["epoch"]:
-            batches = make_batches(src_lens, tgt_lens, prof.batch_tokens, seed * 100003 + state["epoch"])
-            per = len(batches) // world
-            batches = batches[rank * per : (rank + 1) * per] if world > 1 else batches
-            cache_epoch = state["epoch"]
-        if state["batch_idx"] >= len(batches):
-            state["epoch"] += 1
-            state["batch_idx"] = 0
-            continue
-        b = batches[state["batch_idx"]]
-        state["batch_idx"] += 1
-        for g in opt.param_groups:
-            g["lr"] = lr_at(state["step"] + 1, prof.lr, prof.warmup)
-        n_real = sum(tgt_lens[i] for i in b)  # target tokens of the update, counted on the host
-        parts = split_batch(b, tgt_lens, micro) if micro is not None else [b]
-        opt.zero_grad(set_to_none=True)
-        loss_sum = None
-        for k, part in enumerate(parts):  # one pass per part; the gradients add up to the whole batch's
-            s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part], tok.pad_id,
-                                     tok.bos_id, tok.eos_id)
-            s = s.to(device, non_blocking=True)
-            t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
-            last = k == len(parts) - 1
-            with net.no_sync() if world > 1 and not last else contextlib.nullcontext():  # DDP: reduce once
-                with prec.autocast():
-                    logits = net(s, t_in, src_key_padding_mask=s == tok.pad_id)
-                flat = logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1)
-                if len(parts) == 1:
-                    loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
-                else:  # the mean over the whole batch's tokens, in parts
-                    loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing,
-                                           reduction="sum") / n_real
-                # fp16: scale the loss so that small gradients survive; unscaled again before clipping
-                (prec.scaler.scale(loss) if prec.scaler is not None else loss).backward()
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            del logits, loss
-        if prec.scaler is not None:  # skips the update when a gradient is inf/nan and lowers the scale
-            prec.scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
-            prec.scaler.step(opt)
-            prec.scaler.update()
-        else:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
-            opt.step()
-        state["step"] += 1
-        n_tok = n_real * world
-        state["tokens"] += n_tok
-        run_loss += loss_sum
-        run_tok += n_tok
-        run_n += 1
-        step = state["step"]
-        log_now = step % prof.log_every == 0 or step == prof.max_steps
-        train_loss = float(run_loss) / run_n if log_now else None  # the one read from the device per log line
-        now = time.perf_counter()
-        state["wall"] += now - t_last
-        t_last = now
-        if on_update is not None:
-            on_update(state)
-        if bar is not None:
-            bar.update(1)
-        if log_now:
-            row = {"step": step, "wall_s": round(state["wall"], 2), "train_loss": round(train_loss, 4),
-                   "val_loss": None, "tok_per_s": round(run_tok / max(now - t_log, 1e-9), 1),
-                   "lr": round(opt.param_groups[0]["lr"], 7)}
-            if step % prof.val_every == 0 or step == prof.max_steps:
+    signals = CheckpointSignals(prof.ckpt_on_signal, log)
+    with signals:  # the gpu profile: SIGUSR1 / SIGTERM write a checkpoint after the update under way
+        while state["step"] < prof.max_steps:
+            if cache_epoch != state["epoch"]:
+                batches = make_batches(src_lens, tgt_lens, prof.batch_tokens, seed * 100003 + state["epoch"],
+                                       prof.bucket)
+                per = len(batches) // world
+                batches = batches[rank * per : (rank + 1) * per] if world > 1 else batches
+                cache_epoch = state["epoch"]
+                if store is not None:  # the epoch's batch indices in one copy
+                    on_device = store.upload_batches(batches)
+            if state["batch_idx"] >= len(batches):
+                state["epoch"] += 1
+                state["batch_idx"] = 0
+                continue
+            b = batches[state["batch_idx"]]
+            state["batch_idx"] += 1
+            for g in opt.param_groups:
+                g["lr"] = lr_at(state["step"] + 1, prof.lr, prof.warmup)
+            n_real = sum(tgt_lens[i] for i in b)  # target tokens of the update, counted on the host
+            parts = split_batch(b, tgt_lens, micro) if micro is not None else [b]
+            opt.zero_grad(set_to_none=True)
+            loss_sum = None
+            for k, part in enumerate(parts):  # one pass per part; the gradients add up to the whole batch's
+                if store is None:
+                    s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part],
+                                             tok.pad_id, tok.bos_id, tok.eos_id)
+                    s = s.to(device, non_blocking=True)
+                    t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
+                elif len(parts) == 1:
+                    s, t_in, t_out = store.gather(*on_device[state["batch_idx"] - 1])
+                else:
+                    s, t_in, t_out = store.gather(torch.tensor(part).to(device, non_blocking=True), *store.widths(part))
+                last = k == len(parts) - 1
+                with net.no_sync() if world > 1 and not last else contextlib.nullcontext():  # DDP: reduce once
+                    if prof.loss_chunk is None:
+                        with prec.autocast():
+                            logits = net(s, t_in, src_key_padding_mask=s == tok.pad_id)
+                        flat = logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1)
+                        del logits
+                        if len(parts) == 1:
+                            loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
+                        else:  # the mean over the whole batch's tokens, in parts
+                            loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing,
+                                                   reduction="sum") / n_real
+                        del flat
+                    else:  # the output layer and the loss a few thousand rows at a time: no (tokens, vocab) fp32 copy
+                        with prec.autocast():
+                            states = net(s, t_in, src_key_padding_mask=s == tok.pad_id, states=True)
+                            loss = chunked_cross_entropy(states, model.output_weight(), t_out, ignore_index=tok.pad_id,
+                                                         label_smoothing=prof.label_smoothing, reduction="sum",
+                                                         chunk=prof.loss_chunk) / n_real
+                        del states
+                    # fp16: scale the loss so that small gradients survive; unscaled again before clipping
+                    (prec.scaler.scale(loss) if prec.scaler is not None else loss).backward()
+                loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                del loss
+            if prec.scaler is not None:  # skips the update when a gradient is inf/nan and lowers the scale
+                prec.scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
+                prec.scaler.step(opt)
+                prec.scaler.update()
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
+                opt.step()
+            state["step"] += 1
+            n_tok = n_real * world
+            state["tokens"] += n_tok
+            run_loss += loss_sum
+            run_tok += n_tok
+            run_n += 1
+            step = state["step"]
+            log_now = step % prof.log_every == 0 or step == prof.max_steps
+            train_loss = float(run_loss) / run_n if log_now else None  # the one read from the device per log line
+            now = time.perf_counter()
+            state["wall"] += now - t_last
+            t_last = now
+            if on_update is not None:
+                on_update(state)
+            if bar is not None:
+                bar.update(1)
+            if log_now:
+                row = {"step": step, "wall_s": round(state["wall"], 2), "train_loss": round(train_loss, 4),
+                       "val_loss": None, "tok_per_s": round(run_tok / max(now - t_log, 1e-9), 1),
+                       "lr": round(opt.param_groups[0]["lr"], 7)}
+                if step % prof.val_every == 0 or step == prof.max_steps:
+                    if rank == 0:
+                        row["val_loss"] = round(validation_loss(model, data["dev"], tok, device, prec), 4)
+                        if bar is not None:
+                            bar.set_postfix(val=row["val_loss"])
                 if rank == 0:
-                    row["val_loss"] = round(validation_loss(model, data["dev"], tok, device, prec), 4)
-                    if bar is not None:
-                        bar.set_postfix(val=row["val_loss"])
-            if rank == 0:
-                curve.append(row)
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-            run_loss, run_tok, run_n = torch.zeros((), device=device), 0, 0
-            if step % prof.ckpt_every == 0 or step == prof.max_steps:
-                _save(model, opt, prec, state, ckpt_path, step == prof.max_steps)
-            t_log = t_last = time.perf_counter()
-        if stop_after is not None and step >= stop_after:
-            break
+                    curve.append(row)
+                    with open(metrics_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                run_loss, run_tok, run_n = torch.zeros((), device=device), 0, 0
+                if (prof.ckpt_every and step % prof.ckpt_every == 0) or step == prof.max_steps:
+                    _save(model, opt, prec, state, ckpt_path, step == prof.max_steps)
+                    signals.saved_at = step
+                t_log = t_last = time.perf_counter()
+            if signals.pending is not None:  # SIGUSR1 or SIGTERM arrived during this update
+                if signals.saved_at != step:
+                    window = {"loss": float(run_loss), "tok": run_tok, "n": run_n} if run_n else None
+                    _save(model, opt, prec, dict(state, window=window) if window else state, ckpt_path, False)
+                    signals.saved_at = step
+                if signals.take() == signal.SIGTERM:
+                    log(f"{metrics_path.parent.name}: SIGTERM: checkpoint at update {step} written; stopping")
+                    break
+                log(f"{metrics_path.parent.name}: SIGUSR1: checkpoint at update {step} written; going on")
+                t_last = time.perf_counter()  # the checkpoint's time is not training time
+            if stop_after is not None and step >= stop_after:
+                break
+    if signals.received == signal.SIGTERM:  # checkpointed: now end as SIGTERM would have
+        signal.raise_signal(signal.SIGTERM)
     if bar is not None:
         bar.close()
     epochs = state["tokens"] / max(sum(tgt_lens), 1)
@@ -696,6 +778,56 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     if torch.device(device).type == "cuda":
         out["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     return out
+
+
+def set_fused(opt: torch.optim.Optimizer, fused: bool) -> None:
+    """Make a loaded Adam step with (``fused``) or without the fused kernel, whatever the checkpoint's writer
+    used: the fused kernel keeps each parameter's step count on the parameter's device, the other on the CPU."""
+    for group in opt.param_groups:
+        if bool(group.get("fused")) == fused:
+            continue
+        group["fused"] = fused or None
+        for p in group["params"]:
+            st = opt.state.get(p)
+            if st and torch.is_tensor(st.get("step")):
+                st["step"] = st["step"].to(torch.float32).to(p.device if fused else "cpu")
+
+
+class CheckpointSignals:
+    """While entered (``enabled`` and on the main thread): SIGUSR1 and SIGTERM set :attr:`pending` for the
+    training loop, which writes a checkpoint after the update under way; the handlers before are restored on
+    exit.  :attr:`received` keeps the SIGTERM, which :func:`train_model` then delivers to the handler before."""
+
+    NAMES = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self, enabled: bool, log=print):
+        self.enabled, self.log = enabled, log
+        self.pending = self.received = self.saved_at = None
+        self.before: dict = {}
+
+    def __enter__(self):
+        if self.enabled and threading.current_thread() is threading.main_thread():
+            for name in self.NAMES:
+                sig = getattr(signal, name, None)
+                if sig is not None:
+                    self.before[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.pending != signal.SIGTERM:  # a SIGTERM is not downgraded by a later SIGUSR1
+            self.pending = signum
+
+    def take(self) -> int:
+        sig, self.pending = self.pending, None
+        if sig == signal.SIGTERM:
+            self.received = sig
+        return sig
+
+    def __exit__(self, *exc):
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler)
+        self.before = {}
+        return False
 
 
 def _save(model, opt, prec: Precision, state, path: Path, finished: bool) -> None:
