@@ -224,7 +224,7 @@ def test_results_json_schema_and_resume(tmp_path, monkeypatch):
     ex.check_record(rec)
     assert rec["schema"] == ex.SCHEMA and rec["pe"] == "learned" and rec["seed"] == 0
     assert rec["config"]["train_max_len"] == 6 and rec["train"]["steps"] == TINY.steps
-    assert 0 < rec["train"]["cpu_seconds"] and 0 <= rec["eval_cpu_seconds"]  # the cost, whatever else ran
+    assert rec["train"]["cpu_seconds"] >= 0 and rec["eval_cpu_seconds"] >= 0  # the cost, whatever else ran (0.1 s steps)
     assert [r["length"] for r in rec["eval"]] == list(TINY.test_lengths)
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
 
