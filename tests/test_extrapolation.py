@@ -224,6 +224,7 @@ def test_results_json_schema_and_resume(tmp_path, monkeypatch):
     ex.check_record(rec)
     assert rec["schema"] == ex.SCHEMA and rec["pe"] == "learned" and rec["seed"] == 0
     assert rec["config"]["train_max_len"] == 6 and rec["train"]["steps"] == TINY.steps
+    assert rec["train"]["cpu_seconds"] >= 0 and rec["eval_cpu_seconds"] >= 0  # the cost, whatever else ran (0.1 s steps)
     assert [r["length"] for r in rec["eval"]] == list(TINY.test_lengths)
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
 
@@ -584,6 +585,10 @@ def test_training_minutes_subtract_every_recorded_pause(tmp_path):
     (tmp_path / "paused.json").write_text(json.dumps({"paused_seconds": 60, "from": "c", "to": "d",
                                                       "models": ["reverse/decoder/rope_seed0.json"]}))
     assert ex.pauses(tmp_path) == {"reverse/decoder/rope_seed0.json": 60.0}
+    assert ex.training_minutes(tmp_path)["reverse/decoder/rope_seed0.json"] == 4.0
+    # a record with the training's CPU time: that, whatever the wall clock and the pauses say
+    path = tmp_path / "reverse/decoder/rope_seed0.json"
+    path.write_text(json.dumps({"train": {"seconds": 900.0, "cpu_seconds": 240.0}}))
     assert ex.training_minutes(tmp_path)["reverse/decoder/rope_seed0.json"] == 4.0
 
 

@@ -21,6 +21,11 @@ RELATIVE = ["shaw", "rope", "deberta", "alibi", "alibi-split"]  # the encoder-de
 PLAIN = ["sinusoidal", "learned", "shaw", "rope", "t5", "xlnet", "deberta", "alibi", "alibi-split"]
 
 
+def _later(key):
+    """Encoder-decoder copying, seeds 3 and 4: trained after scripts/extrapolation_budget.sh, their CPU time recorded."""
+    return key.startswith("copy/encdec/") and int(key.rsplit("_seed", 1)[1].removesuffix(".json")) >= 3
+
+
 def _budget_records(folder, task, arch):
     return ex.load_results(folder / task / arch)
 
@@ -110,7 +115,8 @@ def test_section3_design_and_cost(budget_runs):
             assert r["train"]["steps"] == STEPS[task, arch] and r["config"]["bias_lr_scale"] == 1.0
     assert seeds == {("reverse", "encdec"): [0, 1, 2, 3, 4], ("reverse", "decoder"): [0, 1, 2, 3, 4],
                      ("copy", "encdec"): [0, 1, 2], ("copy", "decoder"): [0, 1, 2]}
-    minutes = list(ex.training_minutes(RESULTS / "extrapolation_budget").values())
+    cost = ex.training_minutes(RESULTS / "extrapolation_budget")
+    minutes = [m for key, m in cost.items() if not _later(key)]
     assert 2.5 <= min(minutes) and max(minutes) < 11.5
     hours = 160 * sum(minutes) / len(minutes) / 2 / 60
     assert len(minutes) == 160 and (round(sum(minutes) / 60, 1), round(hours, 1)) == (12.6, 6.3)
@@ -201,8 +207,9 @@ def test_section6_where_the_errors_fall(runs):
 
 
 def test_section7_copying(runs):
-    """'A second task: copying': sinusoidal near section 6's 0.81; DeBERTa, split ALiBi and T5 at 0.77 or more;
-    XLNet's split seeds; decoder-only ALiBi to 4L; Shaw in one seed; DeBERTa ahead of T5, level with split ALiBi."""
+    """'A second task: copying': sinusoidal near section 6's 0.81; DeBERTa, split ALiBi and T5 at 0.77 or more in 3 of
+    3 seeds, DeBERTa beyond 2L in 2 of 3, XLNet in 2 of 3; decoder-only ALiBi to 4L in 3 of 3, Shaw in 1 of 3;
+    DeBERTa ahead of T5 and level with split ALiBi at n = 20, ahead of both at n = 24 (paired, 95% interval)."""
     n = 20
     chance_rest = L / n + (1 - L / n) / BUDGET.n_symbols
     tf = ex.summarize(runs["reverse", "encdec"], "tf_token_accuracy")
@@ -211,24 +218,30 @@ def test_section7_copying(runs):
     ctf = {arch: ex.summarize(runs["copy", arch], "tf_token_accuracy") for arch in ex.ARCHS}
     e, d = cem["encdec"], cem["decoder"]
     ce, cd = runs["copy", "encdec"], runs["copy", "decoder"]
+    # the lesson reads the four runs that keep exact matches past L over every seed that holds all four
+    key, key_seeds = ex.whole_seeds(_budget_records(RESULTS / "extrapolation_budget", "copy", "encdec"),
+                                    ["t5", "xlnet", "deberta", "alibi-split"])
+    assert key_seeds == [0, 1, 2]  # "3 of 3", "2 of 3"
     assert abs(at(ctf["encdec"], "sinusoidal", 20) - chance_rest) < 0.06 and round(at(tf, "sinusoidal", 20), 2) == 0.09
     assert at(e, "sinusoidal", 20) == 0 and at(d, "sinusoidal", 20) == 0
-    assert min(min(per_seed(ce, r, 20)) for r in ("deberta", "alibi-split", "t5")) == 0.77
-    assert per_seed(ce, "deberta", 32) == [0.89, 0.93, 0.02]
-    assert per_seed(ce, "xlnet", 20) == [0.895, 0.0, 0.925]
-    assert per_seed(ce, "xlnet", 20, "tf_token_accuracy", 2)[1] == 0.30 <= min(per_seed(ce, "none", 20, "tf_token_accuracy")) + 0.01
+    assert min(min(per_seed(key, r, 20)) for r in ("deberta", "alibi-split", "t5")) == 0.77
+    assert per_seed(key, "deberta", 32) == [0.89, 0.93, 0.02]
+    assert per_seed(key, "xlnet", 20) == [0.895, 0.0, 0.925]
+    assert per_seed(key, "xlnet", 20, "tf_token_accuracy", 2)[1] == 0.30 <= min(per_seed(ce, "none", 20, "tf_token_accuracy")) + 0.01
     assert all(at(e, r, 20) <= 0.01 for r in ("rope", "shaw", "alibi")) and at(ctf["encdec"], "rope", 20) < 0.1
+    assert len(per_seed(cd, "alibi", 32)) == 3  # "3 of 3 seeds"
     assert min(per_seed(cd, "alibi", 32)) > 0.9 and min(per_seed(cd, "alibi", 64)) > 0.4
-    assert at(d, "none", 20) > 0.9 and per_seed(cd, "none", 32) == [0.0, 0.0, 0.005]
+    assert at(d, "none", 20) > 0.9 and max(per_seed(cd, "none", 32)) <= 0.005  # "almost nothing at 2L"
     assert min(v for r in ("t5", "t5-wide") for v in per_seed(cd, r, 32)) > 0
     shaw20 = per_seed(cd, "shaw", 20)
-    assert sorted(shaw20)[-1] == 0.65 and sorted(shaw20)[-2] <= 0.05
+    assert sorted(shaw20)[-1] == 0.65 and sorted(shaw20)[-2] <= 0.05  # "1 of 3"
     assert max(v for r in ("sinusoidal", "rope", "xlnet", "deberta") for v in per_seed(cd, r, 20)) <= 0.05
     assert at(rem, "deberta", 20) == 0 and 0.7 < at(tf, "rope", 20) < 0.8  # the reorderings named
-    deb = {other: ex.paired_difference(ce, "deberta", other, 20) for other in ("t5", "alibi-split")}
-    assert deb["t5"]["mean"] - deb["t5"]["ci95"] > 0 and deb["t5"]["wins"] == 3  # ahead of T5
-    assert abs(deb["alibi-split"]["mean"]) < deb["alibi-split"]["ci95"]  # level with split ALiBi
-    assert [round(deb[o][k], 2) for o in deb for k in ("mean", "ci95")] == [0.14, 0.11, 0.06, 0.07]
+    deb = {(other, n): ex.paired_difference(key, "deberta", other, n) for n in (20, 24) for other in ("t5", "alibi-split")}
+    assert deb["t5", 20]["mean"] - deb["t5", 20]["ci95"] > 0  # ahead of T5 at n = 20
+    assert abs(deb["alibi-split", 20]["mean"]) < deb["alibi-split", 20]["ci95"]  # level with split ALiBi
+    assert all(deb[other, 24]["mean"] - deb[other, 24]["ci95"] > 0 for other in ("t5", "alibi-split"))  # ahead of both
+    assert [round(deb[k][v], 2) for k in deb for v in ("mean", "ci95")] == [0.14, 0.11, 0.06, 0.07, 0.75, 0.48, 0.72, 0.46]
 
 
 def test_section8_against_the_papers(runs, budget_runs):

@@ -703,11 +703,11 @@ def result_path(out: str | Path, pe: str, seed: int) -> Path:
 
 def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = True) -> dict[str, Any]:
     """Train and evaluate one (scheme, seed); returns the result record (see :data:`SCHEMA`)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     model, losses, info = train(pe, cfg, seed, progress=progress)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     rows = evaluate(model, cfg)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     return {
         "schema": SCHEMA,
         "pe": run_name(pe),
@@ -718,11 +718,13 @@ def run_one(pe: str, cfg: ExtrapolationConfig, seed: int, *, progress: bool = Tr
         "table_options": run_table_options(pe, cfg),
         "train": {"steps": info["steps"], "loss_every_50_steps": [round(x, 5) for x in losses],
                   "final_loss": round(losses[-1], 5), "seconds": round(t1 - t0, 1),
+                  "cpu_seconds": round(c1 - c0, 1),
                   "mastered": info["mastered"], "mastery_curve": info["mastery_curve"],
                   **{k: info[k] for k in ("mastery_by_length", "first_mastered") if k in info}},  # fmt: skip
         "eval": rows,
         "token_accuracy_method": "teacher-forced" if cfg.arch == "decoder" else "greedy",
         "eval_seconds": round(t2 - t1, 1),
+        "eval_cpu_seconds": round(c2 - c1, 1),
         "torch": torch.__version__,
     }
 
@@ -819,13 +821,16 @@ PAUSE_NOTE = ("training processes of these models were stopped (SIGSTOP) while o
 
 def training_minutes(folder: str | Path) -> dict[str, float]:
     """Minutes of training per committed model under ``folder`` (records at ``TASK/ARCH/RUN_seedS.json``, as the
-    budget runs write them), less any recorded pause (:func:`pauses`): the cost of each model on one thread."""
+    budget runs write them): the cost of each model on one thread.  A record with ``train.cpu_seconds`` (the
+    training process's CPU time, recorded since models were also trained at low priority beside other work) gives
+    that; an older one its wall-clock ``train.seconds`` less any recorded pause (:func:`pauses`)."""
     folder = Path(folder)
     paused = pauses(folder)
     minutes = {}
     for path in sorted(folder.glob("*/*/*_seed*.json")):
         key = path.relative_to(folder).as_posix()
-        minutes[key] = (read_json(path)["train"]["seconds"] - paused.get(key, 0.0)) / 60
+        t = read_json(path)["train"]
+        minutes[key] = (t["cpu_seconds"] if "cpu_seconds" in t else t["seconds"] - paused.get(key, 0.0)) / 60
     return minutes
 
 
