@@ -368,8 +368,9 @@ DECAY_TOLERANCE = 1e-4
 #: the near distances of the fall (0 .. DECAY_NEAR - 1); the far ones are the far half of the window
 DECAY_NEAR = 4
 #: what a ``--decay`` result file holds
-DECAY_RECORDS = runner.Schema(DECAY_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "pair_products",
-                                             "score_by_distance", "reconstruction_error", "fall"), check=_check_decay)  # fmt: skip
+DECAY_RECORDS = runner.Schema(DECAY_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "cpu_seconds",
+                                             "pair_products", "score_by_distance", "reconstruction_error", "fall"),
+                              check=_check_decay)  # fmt: skip
 
 
 def decay_path(out, seed: int) -> Path:
@@ -380,6 +381,7 @@ def decay_one(seed: int, cfg: InsideConfig, out) -> str:
     """Train the RoPE model of ``seed`` again, measure its unrotated pair products by distance on the windows of
     :func:`measure`'s mean score, check that they give back the rotated score, split its fall
     (:func:`inside_tools.decay_parts`) and write its ``--decay`` result file."""
+    c0 = time.process_time()
     vocab, eval_ids, model, losses, seconds, _ = train("rope", seed, cfg)
     t1 = time.perf_counter()
     few = eval_ids[: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len)
@@ -394,7 +396,8 @@ def decay_one(seed: int, cfg: InsideConfig, out) -> str:
 
     rec = {"schema": DECAY_SCHEMA, "model": "rope", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "train_loss": losses, "train_seconds": round(seconds, 1), "measure_seconds": round(time.perf_counter() - t1, 1),
-           "torch": torch.__version__, "windows": cfg.sink_windows, "near": DECAY_NEAR, "far_from": cfg.train_len // 2,
+           "cpu_seconds": round(time.process_time() - c0, 1), "torch": torch.__version__, "windows": cfg.sink_windows,
+           "near": DECAY_NEAR, "far_from": cfg.train_len // 2,
            "thetas": rounded(thetas, 8), "score_by_distance": rounded(actual),
            "reconstruction_error": {"rope_sign": err[-1], "other_sign": err[1]},
            "pair_products": {"re": rounded(p.real, 6), "im": rounded(p.imag, 6)},
@@ -428,15 +431,17 @@ def decay_from_record(rec: dict) -> dict[str, dict[str, np.ndarray]]:
 #: the causal models ``--cache-controls`` can read
 CAUSAL = tuple(n for n, (_, _, cls) in MODELS.items() if cls is CausalLM)
 #: what a ``--cache-controls`` result file holds
-CONTROL_RECORDS = runner.Schema(CONTROLS_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "head", "stream",
-                                                  "dense"))  # fmt: skip
+CONTROL_RECORDS = runner.Schema(CONTROLS_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "cpu_seconds",
+                                                  "head", "stream", "dense"))  # fmt: skip
 #: the rolling-cache readings of ``--cache-controls`` at the run's cache size: name -> what changes from ``sinks``
 CACHE_CONTROLS = {
     "window": "no first tokens kept",
     "sinks": "the first tokens kept (the main run's reading)",
     "recompute": "the window recomputed at every step",
     "filler": "the kept first tokens are spaces put in front of the stream (same place, other content)",
+    "other_first": "they are another stream's first tokens, put in front (same place, other text)",
     "blocked_head": "the first-place head may not attend to the kept first tokens",
+    "blocked_other": "the other heads of its layer may not",
     "blocked_layer1": "no head of layer 1 may attend to them (where their keys and values are their characters alone)",
     "blocked_upper": "no head of layers 2 and up may attend to them (where their states were computed at places 0..)",
 }
@@ -461,8 +466,12 @@ def cache_readings(model: CausalLM, cfg: InsideConfig, eval_ids: torch.Tensor, h
     ``cfg.cache`` and of window, sinks and recompute at half of it; and the NLL of windows of ``cfg.train_len``
     read densely, as they are, with the first-place ``head`` blocked from key 0, and with every head blocked from it."""
     c, s, L = cfg.cache, cfg.sinks, cfg.train_len
+    if cfg.n_heads < 2 or s < 1:
+        raise ValueError(f"the cache controls compare heads and need kept first tokens: n_heads={cfg.n_heads} and "
+                         f"sinks={s} must be >= 2 and >= 1")  # fmt: skip
     streams = eval_ids[: cfg.streams * cfg.stream_len].view(cfg.streams, cfg.stream_len)
     upper = {layer: list(range(cfg.n_heads)) for layer in range(1, cfg.num_layers)}
+    others = [h for h in range(cfg.n_heads) if h != head[1]]
     pad = torch.full((cfg.streams, s), filler, dtype=streams.dtype)
 
     def past(curve: torch.Tensor) -> float:
@@ -472,7 +481,9 @@ def cache_readings(model: CausalLM, cfg: InsideConfig, eval_ids: torch.Tensor, h
             "sinks": tools.stream_nll(model, streams, cache=c, sinks=s),
             "recompute": tools.recompute_nll(model, streams, c),
             "filler": tools.stream_nll(model, torch.cat([pad, streams], 1), cache=c, sinks=s)[s:],
+            "other_first": tools.stream_nll(model, torch.cat([streams.roll(1, 0)[:, :s], streams], 1), cache=c, sinks=s)[s:],
             "blocked_head": tools.stream_nll(model, streams, cache=c, sinks=s, blocked={head[0]: [head[1]]}),
+            "blocked_other": tools.stream_nll(model, streams, cache=c, sinks=s, blocked={head[0]: others}),
             "blocked_layer1": tools.stream_nll(model, streams, cache=c, sinks=s, blocked={0: list(range(cfg.n_heads))}),
             "blocked_upper": tools.stream_nll(model, streams, cache=c, sinks=s, blocked=upper)}  # fmt: skip
     half = c // 2
@@ -494,6 +505,7 @@ def controls_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     ``--cache-controls`` result file."""
     if name not in CAUSAL:
         raise ValueError(f"--cache-controls reads causal models; valid choices: {', '.join(CAUSAL)}; got {name!r}")
+    c0 = time.process_time()
     vocab, eval_ids, model, losses, seconds, _ = train(name, seed, cfg)
     t1 = time.perf_counter()
     few = eval_ids[: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len)
@@ -503,7 +515,8 @@ def controls_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
     stream, dense = cache_readings(model, cfg, eval_ids, head, filler)
     rec = {"schema": CONTROLS_SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
            "train_loss": losses, "train_seconds": round(seconds, 1), "measure_seconds": round(time.perf_counter() - t1, 1),
-           "torch": torch.__version__, "sinks": sinks, "head": list(head), "filler": filler, "from_step": cfg.cache,
+           "cpu_seconds": round(time.process_time() - c0, 1), "torch": torch.__version__, "sinks": sinks,
+           "head": list(head), "filler": filler, "from_step": cfg.cache,
            "stream": stream, "dense": dense}  # fmt: skip
     atomic_write_json(controls_path(out, name, seed), rec)
     at = stream[str(cfg.cache)]
