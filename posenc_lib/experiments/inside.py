@@ -33,8 +33,10 @@ change with distance, and the two together (Barbero et al.'s argument, measured)
 
 With ``--cache-controls``, the causal models of ``--models`` are trained again in the same way and their rolling
 cache read with controls that separate place from content in the first tokens it keeps (:data:`CACHE_CONTROLS`:
-spaces in their place, the first-place head or whole layers blocked from them, half the cache), beside the training
-windows read with that head, or every head, blocked from the first token.
+spaces or another stream's first characters in their place; the first-place head, the other heads of its layer,
+layer 1 or the layers above blocked from them; half the cache), beside the training windows read with that head,
+or every head, blocked from the first token (which, without positions, deletes it).  Each file records the CPU
+time of its cell (``cpu_seconds``).
 
 Each (model, seed) writes one JSON file into ``--out`` when it finishes (temporary file + rename).  The same
 command run again resumes (posenc_lib/experiments/runner.py): finished files made with this configuration are
