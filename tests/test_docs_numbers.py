@@ -442,6 +442,26 @@ def lesson_16_run():
     yield RESULTS_PAGE, "reproduces the training losses and end-band readings of `inside/rope_seed*.json` exactly"
     wall = sum(m["train_seconds"] + m["measure_seconds"] for m in mids) / 60
     yield RESULTS_PAGE, f"({wall:.0f} minutes of wall time for training and measurements"
+    decays = ins.load_decay(ROOT / "results" / "inside" / "decay")
+    assert len(decays) == 3 and all(d["train_loss"] == main[d["seed"]]["train_loss"]
+                                    and d["score_by_distance"] == main[d["seed"]]["score_by_distance"] for d in decays)
+    yield RESULTS_PAGE, "reproduces the training losses and mean scores by distance of `inside/rope_seed*.json` exactly"
+    yield RESULTS_PAGE, f"rotated score within {max(d['reconstruction_error']['rope_sign'] for d in decays):.0e}"
+    parts = [ins.decay_from_record(d) for d in decays]
+    share = np.array([p["rotation"]["fall"] / p["actual"]["fall"] for p in parts])
+    yield RESULTS_PAGE, f"gives {100 * share.min():.0f}–{100 * share.max():.0f}% of the fall in every layer and seed"
+    controls = ins.load_controls(ROOT / "results" / "inside" / "cache_controls")
+    nope = {r["seed"]: r for r in recs if r["model"] == "nope"}
+    assert len(controls) == 3 and all(
+        c["train_loss"] == nope[c["seed"]]["train_loss"] and c["sinks"] == nope[c["seed"]]["sinks"]
+        and all(c["stream"]["64"][m] == nope[c["seed"]]["stream"]["past_window"][m] for m in ("window", "sinks", "recompute"))
+        for c in controls)  # fmt: skip
+    yield RESULTS_PAGE, "first-token weights and cache readings of `inside/nope_seed*.json` exactly"
+    cpu = [sum(r["cpu_seconds"] for r in run) / 60 for run in (decays, controls)]
+    yield RESULTS_PAGE, f"{cpu[0]:.1f} CPU minutes for the decay run, {cpu[1]:.1f} for the controls"
+    wall = [sum(r["train_seconds"] + r["measure_seconds"] for r in run) / 60 for run in (decays, controls)]
+    assert all(40 <= w <= 50 for w in wall)
+    yield RESULTS_PAGE, "about 45 minutes of wall time each"
 
 
 @claim

@@ -284,6 +284,72 @@ def test_rolling_cache_of_a_one_layer_model_is_a_forward_over_sinks_and_recent_t
         assert float(got[t]) == pytest.approx(float(ref), abs=1e-5)
 
 
+def test_heads_blocked_from_the_kept_first_tokens_never_read_them():
+    """A NoPE model whose every head is blocked from the 2 kept first tokens reads, once the tokens that saw them
+    have left the cache, exactly what a rolling cache of the latest ``cache - 2`` tokens reads; one blocked head
+    changes the reading, and blocking nobody is the plain cache; the dense reading with key 0 blocked in a one-layer
+    model is a forward pass without token 0."""
+    model = _lm("none")
+    ids = torch.randint(0, 11, (2, 40))
+    every = {0: [0, 1], 1: [0, 1]}
+    blocked = tools.stream_nll(model, ids, cache=8, sinks=2, blocked=every)
+    plain = tools.stream_nll(model, ids, cache=6, sinks=0)
+    torch.testing.assert_close(blocked[16:], plain[16:], atol=1e-5, rtol=1e-5)  # 2 layers: from step 2 + 2 * 6 on
+    kept = tools.stream_nll(model, ids, cache=8, sinks=2)
+    one = tools.stream_nll(model, ids, cache=8, sinks=2, blocked={1: [0]})
+    assert (one[16:] - kept[16:]).abs().max() > 1e-4 and (one[16:] - blocked[16:]).abs().max() > 1e-4
+    torch.testing.assert_close(one[:2], kept[:2])  # the first tokens' own steps are not blocked
+    single = _lm("none", layers=1)
+    dense = tools.stream_nll(single, ids, cache=None, blocked={0: [0, 1]}, first=1)
+    for t in (1, 5, 30):
+        ref = torch.nn.functional.cross_entropy(single(ids[:, 1 : t + 1])[:, -1], ids[:, t + 1]).double()
+        assert float(dense[t]) == pytest.approx(float(ref), abs=1e-5)
+    for bad, msg in (({2: [0]}, "map layers"), ({0: [2]}, "map layers"), ({}, "map layers")):
+        with pytest.raises(ValueError, match=msg):
+            tools.stream_nll(model, ids, cache=8, sinks=2, blocked=bad)
+    with pytest.raises(ValueError, match="within the cache's kept first tokens"):
+        tools.stream_nll(model, ids, cache=8, sinks=2, blocked={0: [0]}, first=3)
+    with pytest.raises(ValueError, match="need 1 or more first tokens"):
+        tools.stream_nll(model, ids, cache=8, sinks=0, blocked={0: [0]})
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_pair_products_give_back_the_rotated_score_and_the_decay_parts_add_up(interleaved):
+    """On a small random RoPE model, the unrotated pair products by distance turned by exp(-i r theta) are the
+    model's rotated mean score to float tolerance (the other sign is not); the three parts of the decomposition
+    add up to the actual terms at every distance and pair, and so do their falls."""
+    model = _lm("rope", interleaved=interleaved)
+    x = torch.randint(0, 11, (6, 24))
+    p = tools.pair_products_by_distance(model, x, interleaved=interleaved)
+    assert p.shape == (2, 24, 4) and p.dtype == np.complex128
+    thetas = tools.rope_thetas(8, model.scheme.cache.base)
+    actual = np.asarray(tools.score_by_distance(model, x, digits=None))
+    assert np.abs(tools.score_from_pair_products(p, thetas) - actual).max() < 1e-5
+    assert np.abs(tools.score_from_pair_products(p, thetas, sign=1) - actual).max() > 1e-2
+    # p_j(0) by brute force: layer 0, pair 1, as a + ib of the projected q and k
+    (q, k), *_ = tools.queries_and_keys(model, x)
+    a, b = tools.pair_index(8, interleaved)
+    qc, kc = torch.complex(q[..., a[1]].double(), q[..., b[1]].double()), torch.complex(k[..., a[1]].double(), k[..., b[1]].double())
+    assert abs(complex((qc.conj() * kc).mean()) / math.sqrt(8) - p[0, 0, 1]) < 1e-9
+    assert abs(complex((qc[:, :, 3:].conj() * kc[:, :, :-3]).mean()) / math.sqrt(8) - p[0, 3, 1]) < 1e-9
+    parts = tools.decay_parts(p, thetas, near=4)
+    total = sum(parts[n]["terms"] for n in tools.DECAY_PARTS)
+    np.testing.assert_allclose(total, parts["actual"]["terms"], atol=1e-12)
+    np.testing.assert_allclose(parts["actual"]["terms"].sum(-1), tools.score_from_pair_products(p, thetas), atol=1e-12)
+    np.testing.assert_allclose(sum(parts[n]["fall"] for n in tools.DECAY_PARTS), parts["actual"]["fall"], atol=1e-12)
+    score = parts["actual"]["terms"].sum(-1)
+    np.testing.assert_allclose(parts["actual"]["fall"], score[:, :4].mean(1) - score[:, 12:].mean(1), atol=1e-12)
+    # a resemblance that does not change with distance: everything is rotation
+    flat = np.broadcast_to(p.mean(axis=1, keepdims=True), p.shape)
+    still = tools.decay_parts(flat, thetas)
+    np.testing.assert_allclose(still["rotation"]["fall"], still["actual"]["fall"], atol=1e-12)
+    assert np.abs(still["content"]["fall"]).max() < 1e-12 and np.abs(still["interaction"]["fall"]).max() < 1e-12
+    with pytest.raises(ValueError, match="need 1 <= near <= far_from"):
+        tools.decay_parts(p, thetas, near=20)
+    with pytest.raises(ValueError, match="with 4 pairs"):
+        tools.decay_parts(p[..., :3], thetas)
+
+
 def test_recompute_reruns_the_latest_window_at_positions_from_zero():
     model = _lm("rope")
     ids = torch.randint(0, 11, (2, 25))
@@ -388,6 +454,73 @@ def test_the_bands_run_retrains_the_same_model_and_ablates_a_norm_matched_middle
     (out / "rope_seed0.json").write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="not a run of contiguous pairs clear of the fastest band"):
         ins.load_bands(out)
+
+
+def test_the_decay_run_retrains_the_same_model_and_splits_its_mean_score(smoke, tmp_path, capsys):
+    """--decay: one checked file per seed, the RoPE model trained again update for update (the main run's losses and
+    mean score by distance), pair products that give back that score with the RoPE sign and not the other, falls
+    that are the decomposition of the stored products; a record whose products miss the score is refused."""
+    out = tmp_path / "decay"
+    assert ins.main(["--profile", "smoke", "--decay", "--seeds", "0", "--out", str(out)]) == 0
+    (rec,) = ins.load_decay(out)
+    main = next(r for r in ins.load_results(smoke) if r["model"] == "rope")
+    assert rec["train_loss"] == main["train_loss"] and rec["config"] == main["config"]
+    assert rec["score_by_distance"] == main["score_by_distance"]
+    err = rec["reconstruction_error"]
+    assert err["rope_sign"] < 1e-5 < 1e-2 < err["other_sign"]
+    p = np.asarray(rec["pair_products"]["re"]) + 1j * np.asarray(rec["pair_products"]["im"])
+    assert p.shape == (ins.SMOKE.num_layers, ins.SMOKE.train_len, 8)
+    np.testing.assert_allclose(tools.score_from_pair_products(p, np.asarray(rec["thetas"])), rec["score_by_distance"],
+                               atol=1e-3)
+    parts = ins.decay_from_record(rec)
+    for name in ("actual", *tools.DECAY_PARTS):
+        np.testing.assert_allclose(parts[name]["fall"], rec["fall"][name], atol=2e-5)
+        np.testing.assert_allclose(parts[name]["fall_by_pair"], rec["fall_by_pair"][name], atol=2e-5)
+    score = np.asarray(main["score_by_distance"])
+    fall = score[:, :4].mean(1) - score[:, score.shape[1] // 2 :].mean(1)
+    np.testing.assert_allclose(rec["fall"]["actual"], fall, atol=1e-4)
+    assert ins.main(["--profile", "smoke", "--decay", "--seeds", "0", "--out", str(out)]) == 0
+    assert "skipping 1 finished result(s)" in capsys.readouterr().out
+    for argv, msg in ((["--decay", "--models", "alibi"], "--decay trains the rope model only"),
+                      (["--decay", "--bands"], "--bands and --decay are separate runs")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            ins.main(["--profile", "smoke", *argv, "--out", str(tmp_path / "x")])
+        assert msg in capsys.readouterr().err
+    rec["reconstruction_error"]["rope_sign"] = 0.5
+    (out / "rope_seed0.json").write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="do not give back the model's rotated score"):
+        ins.load_decay(out)
+
+
+def test_the_cache_controls_retrain_the_same_model_and_read_it_as_the_main_run_did(smoke, tmp_path, capsys):
+    """--cache-controls: the causal NoPE model trained again update for update, whose plain readings (the cache
+    without and with the first tokens, the recomputed window, the training windows read densely, the first-token
+    weights) are the main run's; the first-place head is the one with the largest first-token weight; every control
+    is read at the run's cache size, three of them at half of it; only causal models are taken."""
+    out = tmp_path / "controls"
+    assert ins.main(["--profile", "smoke", "--cache-controls", "--models", "nope", "--seeds", "0", "--out", str(out)]) == 0
+    (rec,) = ins.load_controls(out)
+    main = next(r for r in ins.load_results(smoke) if r["model"] == "nope")
+    cfg = ins.SMOKE
+    assert rec["train_loss"] == main["train_loss"] and rec["config"] == main["config"]
+    assert rec["sinks"] == main["sinks"] and rec["filler"] == main["first_token"]["filler"]
+    at = rec["stream"][str(cfg.cache)]
+    assert set(at) == set(ins.CACHE_CONTROLS) and set(rec["stream"][str(cfg.cache // 2)]) == {"window", "sinks", "recompute"}
+    for mode in ("window", "sinks", "recompute"):
+        assert at[mode] == pytest.approx(main["stream"]["past_window"][mode], abs=2e-5)
+    assert rec["dense"]["none"] == pytest.approx(main["nll"]["none"][cfg.band_lengths.index(cfg.train_len)], abs=2e-5)
+    mass = np.asarray(main["sinks"]["mass"])
+    assert tuple(rec["head"]) == np.unravel_index(mass.argmax(), mass.shape) == ins.first_place_head(mass)
+    assert ins.main(["--profile", "smoke", "--cache-controls", "--models", "nope", "--seeds", "0", "--out", str(out)]) == 0
+    assert "skipping 1 finished result(s)" in capsys.readouterr().out
+    for argv in (["--models", "nope-bidir"], ["--models", "nope", "--time-updates", "2"]):
+        with pytest.raises(SystemExit):
+            ins.main(["--profile", "smoke", "--cache-controls", *argv, "--out", str(tmp_path / "x")])
+        assert "--cache-controls reads causal models (rope, alibi, nope)" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="valid choices: rope, alibi, nope"):
+        ins.run_controls(cfg, [0], tmp_path / "y", names=["nope-bidir"])
+    with pytest.raises(ValueError, match=r"must be \(layers, heads\)"):
+        ins.first_place_head([1.0, 2.0])
 
 
 def test_matched_band_picks_the_closest_middle_run():

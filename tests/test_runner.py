@@ -22,7 +22,8 @@ RESULTS = ROOT / "results"
 COMMITTED = {
     "long_context": charlm.RECORDS, "rope_variants": charlm.RECORDS, "long_context_extra": charlm.RECORDS,
     "long_context_scaled": lcs.RECORDS, "sliding_window": sw.RECORDS, "passkey_trained": pkt.RECORDS,
-    "inside": ins.RECORDS, "inside/bands": ins.BAND_RECORDS, "cope_counting": cc.RECORDS,
+    "inside": ins.RECORDS, "inside/bands": ins.BAND_RECORDS, "inside/decay": ins.DECAY_RECORDS,
+    "inside/cache_controls": ins.CONTROL_RECORDS, "cope_counting": cc.RECORDS,
     **{str(p.parent.relative_to(RESULTS)): ex.RECORDS
        for p in sorted(RESULTS.glob("extrapolation*/**/*_seed*.json"))},
 }  # fmt: skip

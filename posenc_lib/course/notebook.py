@@ -149,6 +149,10 @@ RESULT_COMMANDS = {
                                   "--timing-out results/inside/timing.json",
     "results/inside/bands": "python -m posenc_lib.experiments.inside --profile course --bands --seeds 0,1,2 --out "
                             "results/inside/bands",
+    "results/inside/decay": "python -m posenc_lib.experiments.inside --profile course --decay --seeds 0,1,2 --out "
+                            "results/inside/decay",
+    "results/inside/cache_controls": "python -m posenc_lib.experiments.inside --profile course --cache-controls --models "
+                                     "nope --seeds 0,1,2 --out results/inside/cache_controls",
     "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume, then the same "
                             "with --pe learned,t5,xlnet,deberta,alibi --seeds 0 and with --pe t5,alibi --seeds 1 "

@@ -26,6 +26,18 @@ model, update for update) and read with a *norm-matched middle band* ablated as 
 contiguous pairs, overlapping neither end band, whose q.k norm weight (:func:`pair_weight`) is closest to
 that of the fastest band (:func:`matched_band`); the file records the end bands again beside it.
 
+With ``--decay``, the RoPE model of each seed is trained again in the same way and its mean score by distance is
+split (:func:`inside_tools.decay_parts`): the unrotated pair products ``E[conj(q_j) k_j]`` at each distance, which
+must give back the rotated score to float tolerance, into the rotation of their distance-averaged value, their
+change with distance, and the two together (Barbero et al.'s argument, measured).
+
+With ``--cache-controls``, the causal models of ``--models`` are trained again in the same way and their rolling
+cache read with controls that separate place from content in the first tokens it keeps (:data:`CACHE_CONTROLS`:
+spaces or another stream's first characters in their place; the first-place head, the other heads of its layer,
+layer 1 or the layers above blocked from them; half the cache), beside the training windows read with that head,
+or every head, blocked from the first token (which, without positions, deletes it).  Each file records the CPU
+time of its cell (``cpu_seconds``).
+
 Each (model, seed) writes one JSON file into ``--out`` when it finishes (temporary file + rename).  The same
 command run again resumes (posenc_lib/experiments/runner.py): finished files made with this configuration are
 kept and only the missing ones are made; a folder made with another configuration is refused.
@@ -36,6 +48,8 @@ Command line::
     python -m posenc_lib.experiments.inside --profile course --seeds 0,1,2 --out results/inside --jobs 2
     python -m posenc_lib.experiments.inside --profile course --time-updates 20   # time it first
     python -m posenc_lib.experiments.inside --profile course --bands --seeds 0,1,2 --out results/inside/bands
+    python -m posenc_lib.experiments.inside --profile course --decay --seeds 0,1,2 --out results/inside/decay
+    python -m posenc_lib.experiments.inside --profile course --cache-controls --models nope --out results/inside/cache_controls
 
 Cost of the ``course`` profile (4 models x 3 seeds): see the README, which quotes the timing made with
 ``--time-updates``.  ``smoke``: a few seconds per model; it learns nothing.
@@ -62,6 +76,8 @@ SCHEMA = "posenc.inside/1"
 #: what a result file holds
 RECORDS = runner.Schema(SCHEMA, ("schema", "model", "seed", "config", "probe"))
 BANDS_SCHEMA = "posenc.inside-bands/1"
+DECAY_SCHEMA = "posenc.inside-decay/1"
+CONTROLS_SCHEMA = "posenc.inside-cache-controls/1"
 
 
 @dataclass(frozen=True)
@@ -342,6 +358,189 @@ def load_bands(out) -> list[dict]:
     return runner.load_results(out, BAND_RECORDS)
 
 
+def _check_decay(rec: dict) -> None:
+    err = rec["reconstruction_error"] if isinstance(rec.get("reconstruction_error"), dict) else {}
+    if not isinstance(err.get("rope_sign"), (int, float)) or not err["rope_sign"] <= DECAY_TOLERANCE:
+        raise ValueError(f"its pair products do not give back the model's rotated score (error {err.get('rope_sign')!r}, "
+                         f"tolerance {DECAY_TOLERANCE})")  # fmt: skip
+
+
+#: the largest difference allowed between the model's rotated mean score and the one made from the pair products
+DECAY_TOLERANCE = 1e-4
+#: the near distances of the fall (0 .. DECAY_NEAR - 1); the far ones are the far half of the window
+DECAY_NEAR = 4
+#: what a ``--decay`` result file holds
+DECAY_RECORDS = runner.Schema(DECAY_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "cpu_seconds",
+                                             "pair_products", "score_by_distance", "reconstruction_error", "fall"),
+                              check=_check_decay)  # fmt: skip
+
+
+def decay_path(out, seed: int) -> Path:
+    return Path(out) / f"rope_seed{seed}.json"
+
+
+def decay_one(seed: int, cfg: InsideConfig, out) -> str:
+    """Train the RoPE model of ``seed`` again, measure its unrotated pair products by distance on the windows of
+    :func:`measure`'s mean score, check that they give back the rotated score, split its fall
+    (:func:`inside_tools.decay_parts`) and write its ``--decay`` result file."""
+    c0 = time.process_time()
+    vocab, eval_ids, model, losses, seconds, _ = train("rope", seed, cfg)
+    t1 = time.perf_counter()
+    few = eval_ids[: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len)
+    p = tools.pair_products_by_distance(model, few, interleaved=MODELS["rope"][1]["interleaved"])
+    thetas = tools.rope_thetas(cfg.d_model // cfg.n_heads, model.scheme.cache.base)
+    actual = np.asarray(tools.score_by_distance(model, few, digits=None))
+    err = {s: float(np.abs(tools.score_from_pair_products(p, thetas, s) - actual).max()) for s in (-1, 1)}
+    parts = tools.decay_parts(p, thetas, near=DECAY_NEAR)
+
+    def rounded(x: np.ndarray, digits: int = 5) -> list:
+        return np.round(np.asarray(x, dtype=np.float64), digits).tolist()
+
+    rec = {"schema": DECAY_SCHEMA, "model": "rope", "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+           "train_loss": losses, "train_seconds": round(seconds, 1), "measure_seconds": round(time.perf_counter() - t1, 1),
+           "cpu_seconds": round(time.process_time() - c0, 1), "torch": torch.__version__, "windows": cfg.sink_windows,
+           "near": DECAY_NEAR, "far_from": cfg.train_len // 2,
+           "thetas": rounded(thetas, 8), "score_by_distance": rounded(actual),
+           "reconstruction_error": {"rope_sign": err[-1], "other_sign": err[1]},
+           "pair_products": {"re": rounded(p.real, 6), "im": rounded(p.imag, 6)},
+           "fall": {n: rounded(v["fall"]) for n, v in parts.items()},
+           "fall_by_pair": {n: rounded(v["fall_by_pair"]) for n, v in parts.items()}}  # fmt: skip
+    atomic_write_json(decay_path(out, seed), rec)
+    share = parts["rotation"]["fall"] / parts["actual"]["fall"]
+    return (f"done rope decay seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, reconstruction error {err[-1]:.1e}, "
+            f"rotation-only share of the fall by layer " + " ".join(f"{v:.2f}" for v in share))
+
+
+def run_decay(cfg: InsideConfig, seeds: Sequence[int], out, *, jobs: int = 1, log=print) -> None:
+    """Make every ``--decay`` result not yet in ``out`` (:func:`runner.run_grid`)."""
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    cells = [runner.Cell(decay_path(out, s), decay_one, (s, cfg, out)) for s in seeds]
+    runner.run_grid(cells, out=out, schema=DECAY_RECORDS, config=asdict(cfg), jobs=jobs, log=log,
+                    profiles={n: asdict(c) for n, c in PROFILES.items()})
+
+
+def load_decay(out) -> list[dict]:
+    """Every ``--decay`` record in ``out``, checked."""
+    return runner.load_results(out, DECAY_RECORDS)
+
+
+def decay_from_record(rec: dict) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`inside_tools.decay_parts` of a ``--decay`` record's stored pair products: ``(layers, ...)`` arrays."""
+    p = np.asarray(rec["pair_products"]["re"]) + 1j * np.asarray(rec["pair_products"]["im"])
+    return tools.decay_parts(p, np.asarray(rec["thetas"]), near=rec["near"], far_from=rec["far_from"])
+
+
+#: the causal models ``--cache-controls`` can read
+CAUSAL = tuple(n for n, (_, _, cls) in MODELS.items() if cls is CausalLM)
+#: what a ``--cache-controls`` result file holds
+CONTROL_RECORDS = runner.Schema(CONTROLS_SCHEMA, ("schema", "model", "seed", "config", "train_loss", "cpu_seconds",
+                                                  "head", "stream", "dense"))  # fmt: skip
+#: the rolling-cache readings of ``--cache-controls`` at the run's cache size: name -> what changes from ``sinks``
+CACHE_CONTROLS = {
+    "window": "no first tokens kept",
+    "sinks": "the first tokens kept (the main run's reading)",
+    "recompute": "the window recomputed at every step",
+    "filler": "the kept first tokens are spaces put in front of the stream (same place, other content)",
+    "other_first": "they are another stream's first tokens, put in front (same place, other text)",
+    "blocked_head": "the first-place head may not attend to the kept first tokens",
+    "blocked_other": "the other heads of its layer may not",
+    "blocked_layer1": "no head of layer 1 may attend to them (where their keys and values are their characters alone)",
+    "blocked_upper": "no head of layers 2 and up may attend to them (where their states were computed at places 0..)",
+}
+
+
+def controls_path(out, name: str, seed: int) -> Path:
+    return Path(out) / f"{name}_seed{seed}.json"
+
+
+def first_place_head(mass: Sequence[Sequence[float]]) -> tuple[int, int]:
+    """``(layer, head)``, from 0, of the largest first-token weight ``mass (layers, heads)``."""
+    m = np.asarray(mass, dtype=np.float64)
+    if m.ndim != 2 or not m.size:
+        raise ValueError(f"first-token weights must be (layers, heads), got shape {m.shape}")
+    layer, head = np.unravel_index(int(m.argmax()), m.shape)
+    return int(layer), int(head)
+
+
+def cache_readings(model: CausalLM, cfg: InsideConfig, eval_ids: torch.Tensor, head: tuple[int, int], filler: int,
+                   ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:  # fmt: skip
+    """The readings of ``--cache-controls``: past-window NLL (steps ``cfg.cache`` on) of :data:`CACHE_CONTROLS` at
+    ``cfg.cache`` and of window, sinks and recompute at half of it; and the NLL of windows of ``cfg.train_len``
+    read densely, as they are, with the first-place ``head`` blocked from key 0, and with every head blocked from it."""
+    c, s, L = cfg.cache, cfg.sinks, cfg.train_len
+    if cfg.n_heads < 2 or s < 1:
+        raise ValueError(f"the cache controls compare heads and need kept first tokens: n_heads={cfg.n_heads} and "
+                         f"sinks={s} must be >= 2 and >= 1")  # fmt: skip
+    streams = eval_ids[: cfg.streams * cfg.stream_len].view(cfg.streams, cfg.stream_len)
+    upper = {layer: list(range(cfg.n_heads)) for layer in range(1, cfg.num_layers)}
+    others = [h for h in range(cfg.n_heads) if h != head[1]]
+    pad = torch.full((cfg.streams, s), filler, dtype=streams.dtype)
+
+    def past(curve: torch.Tensor) -> float:
+        return round(float(curve[c:].mean()), 5)
+
+    at_c = {"window": tools.stream_nll(model, streams, cache=c, sinks=0),
+            "sinks": tools.stream_nll(model, streams, cache=c, sinks=s),
+            "recompute": tools.recompute_nll(model, streams, c),
+            "filler": tools.stream_nll(model, torch.cat([pad, streams], 1), cache=c, sinks=s)[s:],
+            "other_first": tools.stream_nll(model, torch.cat([streams.roll(1, 0)[:, :s], streams], 1), cache=c, sinks=s)[s:],
+            "blocked_head": tools.stream_nll(model, streams, cache=c, sinks=s, blocked={head[0]: [head[1]]}),
+            "blocked_other": tools.stream_nll(model, streams, cache=c, sinks=s, blocked={head[0]: others}),
+            "blocked_layer1": tools.stream_nll(model, streams, cache=c, sinks=s, blocked={0: list(range(cfg.n_heads))}),
+            "blocked_upper": tools.stream_nll(model, streams, cache=c, sinks=s, blocked=upper)}  # fmt: skip
+    half = c // 2
+    at_half = {"window": tools.stream_nll(model, streams, cache=half, sinks=0),
+               "sinks": tools.stream_nll(model, streams, cache=half, sinks=s),
+               "recompute": tools.recompute_nll(model, streams, half)}  # fmt: skip
+    n = (eval_ids.numel() - 1) // L
+    windows = torch.stack([eval_ids[i * L : i * L + L + 1] for i in range(n)])
+    every = {layer: list(range(cfg.n_heads)) for layer in range(cfg.num_layers)}
+    dense = {"none": tools.stream_nll(model, windows, cache=None),
+             "blocked_head": tools.stream_nll(model, windows, cache=None, blocked={head[0]: [head[1]]}, first=1),
+             "blocked_all": tools.stream_nll(model, windows, cache=None, blocked=every, first=1)}  # fmt: skip
+    stream = {str(c): {k: past(v) for k, v in at_c.items()}, str(half): {k: past(v) for k, v in at_half.items()}}
+    return stream, {k: round(float(v.mean()), 5) for k, v in dense.items()}
+
+
+def controls_one(name: str, seed: int, cfg: InsideConfig, out) -> str:
+    """Train the causal model ``name`` of ``seed`` again, read the controls of its rolling cache, write its
+    ``--cache-controls`` result file."""
+    if name not in CAUSAL:
+        raise ValueError(f"--cache-controls reads causal models; valid choices: {', '.join(CAUSAL)}; got {name!r}")
+    c0 = time.process_time()
+    vocab, eval_ids, model, losses, seconds, _ = train(name, seed, cfg)
+    t1 = time.perf_counter()
+    few = eval_ids[: cfg.sink_windows * cfg.train_len].view(cfg.sink_windows, cfg.train_len)
+    sinks = tools.first_token_mass(model, few)
+    head = first_place_head(sinks["mass"])
+    filler = int(torch.bincount(few.flatten()).argmax())  # the commonest character (a space), as in measure()
+    stream, dense = cache_readings(model, cfg, eval_ids, head, filler)
+    rec = {"schema": CONTROLS_SCHEMA, "model": name, "seed": seed, "profile": cfg.name, "config": asdict(cfg),
+           "train_loss": losses, "train_seconds": round(seconds, 1), "measure_seconds": round(time.perf_counter() - t1, 1),
+           "cpu_seconds": round(time.process_time() - c0, 1), "torch": torch.__version__, "sinks": sinks,
+           "head": list(head), "filler": filler, "from_step": cfg.cache,
+           "stream": stream, "dense": dense}  # fmt: skip
+    atomic_write_json(controls_path(out, name, seed), rec)
+    at = stream[str(cfg.cache)]
+    return (f"done {name} cache controls seed {seed}: {seconds:.0f} s, loss {losses[-1]:.3f}, first-place head "
+            f"{head}, past the window: " + ", ".join(f"{k} {v:.3f}" for k, v in at.items()))
+
+
+def run_controls(cfg: InsideConfig, seeds: Sequence[int], out, *, names: Sequence[str] = ("nope",), jobs: int = 1,
+                 log=print) -> None:  # fmt: skip
+    """Make every ``--cache-controls`` result not yet in ``out`` (:func:`runner.run_grid`)."""
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    names = unique_choices("model", names, CAUSAL)
+    cells = [runner.Cell(controls_path(out, n, s), controls_one, (n, s, cfg, out)) for n in names for s in seeds]
+    runner.run_grid(cells, out=out, schema=CONTROL_RECORDS, config=asdict(cfg), jobs=jobs, log=log,
+                    profiles={n: asdict(c) for n, c in PROFILES.items()})
+
+
+def load_controls(out) -> list[dict]:
+    """Every ``--cache-controls`` record in ``out``, checked."""
+    return runner.load_results(out, CONTROL_RECORDS)
+
+
 def pending(cfg: InsideConfig, names: Sequence[str], seeds: Sequence[int], out) -> list[tuple[str, int]]:
     """The (model, seed) pairs still to make in ``out``; a result file made with another configuration, or
     damaged, is a ``ValueError`` saying what to do (:func:`runner.finished`)."""
@@ -414,6 +613,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help=runner.RESUME_HELP)
     p.add_argument("--bands", action="store_true", help="train the RoPE model of each seed again and ablate the "
                    "norm-matched middle band beside the end bands (files in --out, default runs/inside-bands-PROFILE)")
+    p.add_argument("--decay", action="store_true", help="train the RoPE model of each seed again and split the fall "
+                   "of its mean score with distance into rotation and content (files in --out, default "
+                   "runs/inside-decay-PROFILE)")
+    p.add_argument("--cache-controls", action="store_true", help="train the causal models of --models again ('all': "
+                   "the causal ones) and read controls of the rolling cache: other content in the kept first tokens, "
+                   "heads blocked from them, half the cache (files in --out, default runs/inside-cache-controls-PROFILE)")
     p.add_argument("--time-updates", type=int, default=0, metavar="N",
                    help="time N updates and the measurements of each model, print the projected cost, train nothing")
     p.add_argument("--timing-out", default=None, metavar="FILE", help="with --time-updates: also write the timings here")
@@ -421,8 +626,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     cfg = PROFILES[a.profile]
     seeds, names = runner.parse_selection(p, a, list(MODELS))
-    if a.bands and (a.time_updates or a.models.strip() not in ("all", "rope")):
-        p.error("--bands trains the rope model only: it takes neither --models nor --time-updates "
+    again = [f for f, on in (("--bands", a.bands), ("--decay", a.decay), ("--cache-controls", a.cache_controls)) if on]
+    if len(again) > 1:
+        p.error(f"{' and '.join(again)} are separate runs into separate folders: give one of them")
+    if a.cache_controls:
+        causal = list(CAUSAL) if a.models.strip() == "all" else names
+        if a.time_updates or any(n not in CAUSAL for n in causal):
+            p.error(f"--cache-controls reads causal models ({', '.join(CAUSAL)}) and takes no --time-updates, got "
+                    f"--models {a.models}")  # fmt: skip
+        out = a.out or f"runs/inside-cache-controls-{a.profile}"
+        return runner.run_command(p, out, None, lambda: run_controls(cfg, seeds, out, names=causal, jobs=a.jobs))
+    if again and (a.time_updates or a.models.strip() not in ("all", "rope")):
+        p.error(f"{again[0]} trains the rope model only: it takes neither --models nor --time-updates "
                 "(time it with --models rope --time-updates N)")
     code = timing_command(p, a, lambda n: time_updates(cfg, n, names=names))
     if code is not None:
@@ -430,6 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.bands:
         out = a.out or f"runs/inside-bands-{a.profile}"
         return runner.run_command(p, out, None, lambda: run_bands(cfg, seeds, out, jobs=a.jobs))
+    if a.decay:
+        out = a.out or f"runs/inside-decay-{a.profile}"
+        return runner.run_command(p, out, None, lambda: run_decay(cfg, seeds, out, jobs=a.jobs))
     out = a.out or f"runs/inside-{a.profile}"
     return runner.run_command(p, out, None, lambda: run_all(cfg, seeds, out, names=names, jobs=a.jobs))
 
@@ -439,4 +657,6 @@ if __name__ == "__main__":
 
 __all__ = ["InsideConfig", "COURSE", "SMOKE", "PROFILES", "MODELS", "BANDS", "MID_BANDS", "make_model", "band_pairs",
            "with_band", "pair_weight", "matched_band", "measure", "train", "run_all", "run_bands", "pending",
-           "time_updates", "load_results", "load_bands", "collect"]  # fmt: skip
+           "time_updates", "load_results", "load_bands", "collect", "DECAY_TOLERANCE", "DECAY_NEAR", "run_decay",
+           "load_decay", "decay_from_record", "DECAY_RECORDS", "CONTROL_RECORDS", "CAUSAL", "CACHE_CONTROLS",
+           "first_place_head", "cache_readings", "run_controls", "load_controls"]  # fmt: skip

@@ -21,12 +21,15 @@ posenc_lib/experiments/inside.py).  Each works on any :class:`~posenc_lib.models
   and Round We Go! What makes Rotary Positional Encodings useful?", arXiv:2410.06205): :func:`qk_pair_norms`
   (the norm of each rotation pair of the queries and keys), :class:`BandRoPE` (RoPE with some pairs
   *frozen*, frequency 0 as in p-RoPE, or *dropped*, their query and key components zeroed),
-  :func:`score_by_distance` (the mean score of a trained model at each distance).
+  :func:`score_by_distance` (the mean score of a trained model at each distance), and what makes it fall:
+  :func:`pair_products_by_distance` (the unrotated ``E[conj(q_j) k_j]`` at each distance) and :func:`decay_parts`
+  (the fall split into the rotation of a distance-free resemblance, the change of the products, and both).
 * **Attention sinks** (Xiao, Tian, Chen, Han & Lewis 2024, "Efficient Streaming Language Models with Attention
   Sinks", arXiv:2309.17453; Gu, Pang, Du, Liu, Zhang, Lin & Wang 2025, "When Attention Sink Emerges in Language
   Models: An Empirical View", arXiv:2410.10781): :func:`first_token_mass`, and :func:`stream_nll`, a rolling
   key/value cache that keeps the first ``sinks`` tokens and the latest ones, with positions counted inside
-  the cache as StreamingLLM does; :func:`recompute_nll` is the sliding window recomputed at every token.
+  the cache as StreamingLLM does, optionally with heads blocked from the first tokens; :func:`recompute_nll` is the
+  sliding window recomputed at every token.
 
 Relative positions follow the course's convention (posenc_lib/attention/layer.py): ``r = n - m``, the key's
 position minus the query's.
@@ -228,9 +231,10 @@ def qk_pair_norms(model: CausalLM, tokens: torch.Tensor, interleaved: bool = Fal
     return out
 
 
-def score_by_distance(model: CausalLM, tokens: torch.Tensor) -> list[list[float]]:
+def score_by_distance(model: CausalLM, tokens: torch.Tensor, digits: int | None = 5) -> list[list[float]]:
     """Mean content score ``q_m . k_n / sqrt(head_dim)`` (after the model's rotation, before any bias) at each
-    distance ``m - n = 0 .. T-1`` (key at or before the query), per layer, over windows, queries and heads."""
+    distance ``m - n = 0 .. T-1`` (key at or before the query), per layer, over windows, queries and heads;
+    rounded to ``digits`` decimals (``None``: not rounded)."""
     t = tokens.shape[1]
     rel = (torch.arange(t)[:, None] - torch.arange(t)[None, :]).flatten()  # m - n
     seen = rel >= 0
@@ -239,8 +243,78 @@ def score_by_distance(model: CausalLM, tokens: torch.Tensor) -> list[list[float]
     for q, k in queries_and_keys(model, tokens, rotated=True):
         s = ((q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])).double().mean(dim=(0, 1)).flatten()
         sums = torch.zeros(t, dtype=torch.float64).index_add_(0, rel[seen], s[seen])
-        rows.append([round(float(v), 5) for v in sums / counts])
+        rows.append([float(v) if digits is None else round(float(v), digits) for v in sums / counts])
     return rows
+
+
+@torch.no_grad()
+def pair_products_by_distance(model: CausalLM, tokens: torch.Tensor, interleaved: bool = False) -> np.ndarray:
+    """``(layers, T, pairs)`` complex128: the mean *unrotated* pair product ``p_j(r) = E[conj(q_j) k_j] / sqrt(head_dim)``
+    over windows, heads and the query/key pairs at distance ``r = m - n = 0 .. T-1`` (key ``r`` places before the
+    query), with pair ``j`` of a vector read as the complex number ``x_a + i x_b`` (:func:`pair_index`).
+
+    For RoPE, :func:`score_from_pair_products` turns it back into :func:`score_by_distance`'s mean score."""
+    t = tokens.shape[1]
+    rows = []
+    for q, k in queries_and_keys(model, tokens):
+        a, b = pair_index(q.shape[-1], interleaved)
+        qc = torch.complex(q[..., a].double(), q[..., b].double())
+        kc = torch.complex(k[..., a].double(), k[..., b].double())
+        by_r = [(qc[:, :, r:].conj() * kc[:, :, : t - r]).mean(dim=(0, 1, 2)) for r in range(t)]
+        rows.append(torch.stack(by_r) / math.sqrt(q.shape[-1]))
+    return torch.stack(rows).numpy()
+
+
+def _rope_waves(distances: int, thetas: np.ndarray, sign: int) -> np.ndarray:
+    return np.exp(sign * 1j * np.arange(distances)[:, None] * np.asarray(thetas, dtype=np.float64)[None, :])
+
+
+def score_from_pair_products(p: np.ndarray, thetas: np.ndarray, sign: int = -1) -> np.ndarray:
+    """``(..., T)``: ``sum_j Re(p_j(r) exp(sign i r theta_j))`` of pair products ``p (..., T, pairs)`` at distances
+    ``r = 0 .. T-1``.  With the key ``r`` places before the query, the course's relative position is ``n - m = -r``:
+    ``sign = -1`` is RoPE's score (``sign = +1`` exists to show that the other sign does not fit)."""
+    p = np.asarray(p)
+    if sign not in (-1, 1):
+        raise ValueError(f"sign must be -1 or +1, got {sign!r}")
+    if p.ndim < 2 or p.shape[-1] != len(thetas):
+        raise ValueError(f"pair products must be (..., distances, pairs) with {len(thetas)} pairs, got shape {p.shape}")
+    return (p * _rope_waves(p.shape[-2], thetas, sign)).real.sum(axis=-1)
+
+
+#: the parts of :func:`decay_parts`, which add up to the actual score's terms
+DECAY_PARTS = ("rotation", "content", "interaction")
+
+
+def decay_parts(p: np.ndarray, thetas: np.ndarray, near: int = 4, far_from: int | None = None
+                ) -> dict[str, dict[str, np.ndarray]]:  # fmt: skip
+    """Split the fall with distance of RoPE's mean score into what the rotation does and what the queries and keys do.
+
+    ``p (..., T, pairs)``: pair products by distance (:func:`pair_products_by_distance`); ``pbar_j`` is their mean over
+    the ``T`` distances.  Per pair ``j`` and distance ``r`` (``w_j(r) = exp(-i r theta_j)``), exactly::
+
+        Re(p_j w_j) = Re(pbar_j w_j)                      rotation: a resemblance that does not change with distance, turned
+                    + Re(p_j) - Re(pbar_j)                 content: how the unrotated products change with distance
+                    + Re((p_j - pbar_j)(w_j - 1))          interaction: the change, turned
+
+    Returns ``"actual"`` and each part of :data:`DECAY_PARTS` as ``terms`` ``(..., T, pairs)``, and their ``fall``:
+    the mean over distances ``0 .. near-1`` minus the mean over ``far_from .. T-1`` (default ``T // 2``), per pair
+    (``fall_by_pair``, ``(..., pairs)``) and summed over pairs (``fall``, ``(...)``)."""
+    p = np.asarray(p, dtype=np.complex128)
+    if p.ndim < 2 or p.shape[-1] != len(thetas):
+        raise ValueError(f"pair products must be (..., distances, pairs) with {len(thetas)} pairs, got shape {p.shape}")
+    t = p.shape[-2]
+    far_from = t // 2 if far_from is None else far_from
+    if not 1 <= near <= far_from < t:
+        raise ValueError(f"need 1 <= near <= far_from < T={t} distances, got near={near}, far_from={far_from}")
+    w = _rope_waves(t, thetas, -1)
+    pbar = p.mean(axis=-2, keepdims=True)
+    terms = {"actual": (p * w).real, "rotation": (pbar * w).real, "content": (p - pbar).real,
+             "interaction": ((p - pbar) * (w - 1)).real}  # fmt: skip
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for name, x in terms.items():
+        by_pair = x[..., :near, :].mean(axis=-2) - x[..., far_from:, :].mean(axis=-2)
+        out[name] = {"terms": x, "fall_by_pair": by_pair, "fall": by_pair.sum(axis=-1)}
+    return out
 
 
 class BandRoPE(RotaryScheme):
@@ -360,14 +434,38 @@ def _check_streamable(model: CausalLM) -> None:
         raise ValueError("a rolling cache needs a causal model (MaskedLM sees the future)")
 
 
+def _check_blocked(model: CausalLM, blocked, first: int, cache: int | None, sinks: int) -> dict[int, list[int]]:
+    layers, heads = len(model.blocks), model.dims[1]
+    if not isinstance(blocked, dict) or not blocked:
+        raise ValueError(f"blocked must map layers (0..{layers - 1}) to lists of heads (0..{heads - 1}), got {blocked!r}")
+    out = {}
+    for layer, hs in blocked.items():
+        hs = [int(h) for h in hs]
+        if not isinstance(layer, int) or not 0 <= layer < layers or not hs or any(not 0 <= h < heads for h in hs):
+            raise ValueError(f"blocked must map layers (0..{layers - 1}) to lists of heads (0..{heads - 1}), got "
+                             f"{layer!r}: {hs}")  # fmt: skip
+        out[layer] = sorted(set(hs))
+    if first < 1 or (cache is not None and first > sinks):
+        limit = "the cache's kept first tokens (sinks)" if cache is not None else "the stream"
+        raise ValueError(f"first={first}: blocked heads need 1 or more first tokens, within {limit}"
+                         + (f" (sinks={sinks})" if cache is not None else ""))  # fmt: skip
+    return out
+
+
 @torch.no_grad()
-def stream_nll(model: CausalLM, ids: torch.Tensor, *, cache: int | None, sinks: int = 0) -> torch.Tensor:
+def stream_nll(model: CausalLM, ids: torch.Tensor, *, cache: int | None, sinks: int = 0,
+               blocked: dict[int, Sequence[int]] | None = None, first: int | None = None) -> torch.Tensor:  # fmt: skip
     """Per-step NLL ``(T - 1,)`` (mean over streams) of reading ``ids (streams, T)`` one token at a time.
 
     ``cache=None``: every earlier token stays, at its own position (dense attention).  Otherwise a rolling
     cache of ``cache`` tokens: the first ``sinks`` tokens of the stream and the latest ``cache - sinks``; keys
     are kept unrotated and every cached token takes its slot in the cache as its position (StreamingLLM's
     rule, so no distance exceeds ``cache - 1``).  Step ``t`` predicts token ``t + 1``.
+
+    ``blocked``: ``{layer: heads}`` (from 0) that may not attend to the stream's first ``first`` tokens (default
+    ``sinks``; with a cache, at most ``sinks``, the kept ones) from any later query: those heads' weights are
+    spread over the other keys as if the first tokens were not there, in every step, so later tokens' cached states
+    are computed that way too.
     """
     _check_streamable(model)
     if ids.dim() != 2 or ids.shape[1] < 2:
@@ -378,6 +476,9 @@ def stream_nll(model: CausalLM, ids: torch.Tensor, *, cache: int | None, sinks: 
             raise ValueError(f"sinks must lie in [0, cache={cache}), got {sinks}")
     elif sinks:
         raise ValueError("sinks needs a cache size: every token is kept without one")
+    first = sinks if first is None else first
+    if blocked is not None:
+        blocked = _check_blocked(model, blocked, first, cache, sinks)
     model.eval()
     d = model.dims[0]
     layers = len(model.blocks)
@@ -404,6 +505,8 @@ def stream_nll(model: CausalLM, ids: torch.Tensor, *, cache: int | None, sinks: 
             bias = scheme.bias(prep, index)
             if bias is not None:
                 s = s + bias
+            if blocked is not None and li in blocked and t >= first:
+                s[:, blocked[li], :, :first] = float("-inf")
             out = torch.softmax(s, dim=-1) @ values[li]
             x = x + attn.out_proj(out.transpose(1, 2).reshape(x.shape[0], 1, d))
             x = x + block.ff(block.norm2(x))
@@ -435,5 +538,6 @@ def recompute_nll(model: CausalLM, ids: torch.Tensor, window: int, *, batch: int
 
 __all__ = ["BAND_MODES", "rope_thetas", "partial_sums", "relative_upper_bound", "pair_products", "rope_score",
            "abel_bound", "expected_rope_score", "hidden_states", "probe_position", "probe_layers", "pair_index",
-           "pair_norms", "queries_and_keys", "qk_pair_norms", "BandRoPE", "mean_nll", "score_by_distance", "first_token_mass",
+           "pair_norms", "queries_and_keys", "qk_pair_norms", "pair_products_by_distance", "score_from_pair_products",
+           "DECAY_PARTS", "decay_parts", "BandRoPE", "mean_nll", "score_by_distance", "first_token_mass",
            "first_token_swaps", "stream_nll", "recompute_nll"]  # fmt: skip
