@@ -33,6 +33,7 @@ from posenc_lib.experiments import inside as ins
 from posenc_lib.experiments import long_context as lc
 from posenc_lib.experiments import long_context_extra as extra
 from posenc_lib.experiments import long_context_scaled as lcs
+from posenc_lib.experiments import passkey_long as pkl
 from posenc_lib.experiments import passkey_trained as pkt
 from posenc_lib.experiments import rope_variants as rv
 from posenc_lib.experiments import sliding_window as sw
@@ -97,6 +98,7 @@ SEEDED = {
     "long_context": (lc.main, ["--models", "rope", "--out", "o", "--ckpt", "ck"]),
     "long_context_scaled": (lcs.main, ["--finetunes", "none", "--out", "o", "--ckpt", "ck"]),
     "passkey_trained": (pkt.main, ["--models", "rope", "--out", "o"]),
+    "passkey_long": (pkl.main, ["--methods", "yarn", "--out", "o", "--ckpt", "ck"]),
     "rope_variants": (rv.main, ["--models", "rope", "--out", "o"]),
     "sliding_window": (sw.main, ["--models", "rope", "--out", "o", "--ckpt", "ck"]),
 }
@@ -119,6 +121,7 @@ MODELS_FLAG = {
     "inside": (ins.main, "--models", ["--out", "o"], "rope, alibi, nope, nope-bidir"),
     "long_context": (lc.main, "--models", ["--out", "o", "--ckpt", "ck"], "rope, rope-base500k"),
     "passkey_trained": (pkt.main, "--models", ["--out", "o"], "alibi, nope, rope"),
+    "passkey_long": (pkl.main, "--methods", ["--out", "o", "--ckpt", "ck"], "none, linear, yarn, ntk"),
     "rope_variants": (rv.main, "--models", ["--out", "o"], "nope, rope, neox-0.1"),
     "sliding_window": (sw.main, "--models", ["--out", "o", "--ckpt", "ck"], "alibi, rope, nope"),
     "long_context_scaled": (lcs.main, "--finetunes", ["--out", "o", "--ckpt", "ck"], "linear, ntk, yarn, llama3"),
@@ -142,7 +145,8 @@ def test_extrapolation_names_every_run_it_accepts(tmp_path):
     assert "'bogus'" in line and all(name in line for name in ex.RUN_ORDER), line
 
 
-CKPT_CLIS = {"long_context": lc.main, "long_context_scaled": lcs.main, "sliding_window": sw.main}
+CKPT_CLIS = {"long_context": lc.main, "long_context_scaled": lcs.main, "sliding_window": sw.main,
+             "passkey_long": pkl.main}
 
 
 @pytest.mark.parametrize("cli", sorted(CKPT_CLIS))
