@@ -345,12 +345,17 @@ def bands_one(seed: int, cfg: InsideConfig, out) -> str:
             f"(weight {rec['band_weight']['mid']:.1f} against the fastest band's {rec['band_weight']['high']:.1f})")
 
 
+def _run_rope_seeds(one, path, schema, cfg: InsideConfig, seeds: Sequence[int], out, jobs: int, log) -> None:
+    """One retrained RoPE model per seed, ``one(seed, cfg, out)`` writing ``path(out, seed)`` (:func:`runner.run_grid`)."""
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    cells = [runner.Cell(path(out, s), one, (s, cfg, out)) for s in seeds]
+    runner.run_grid(cells, out=out, schema=schema, config=asdict(cfg), jobs=jobs, log=log,
+                    profiles={n: asdict(c) for n, c in PROFILES.items()})
+
+
 def run_bands(cfg: InsideConfig, seeds: Sequence[int], out, *, jobs: int = 1, log=print) -> None:
     """Make every ``--bands`` result not yet in ``out`` (:func:`runner.run_grid`)."""
-    seeds = list(dict.fromkeys(int(s) for s in seeds))
-    cells = [runner.Cell(bands_path(out, s), bands_one, (s, cfg, out)) for s in seeds]
-    runner.run_grid(cells, out=out, schema=BAND_RECORDS, config=asdict(cfg), jobs=jobs, log=log,
-                    profiles={n: asdict(c) for n, c in PROFILES.items()})
+    _run_rope_seeds(bands_one, bands_path, BAND_RECORDS, cfg, seeds, out, jobs, log)
 
 
 def load_bands(out) -> list[dict]:
@@ -413,10 +418,7 @@ def decay_one(seed: int, cfg: InsideConfig, out) -> str:
 
 def run_decay(cfg: InsideConfig, seeds: Sequence[int], out, *, jobs: int = 1, log=print) -> None:
     """Make every ``--decay`` result not yet in ``out`` (:func:`runner.run_grid`)."""
-    seeds = list(dict.fromkeys(int(s) for s in seeds))
-    cells = [runner.Cell(decay_path(out, s), decay_one, (s, cfg, out)) for s in seeds]
-    runner.run_grid(cells, out=out, schema=DECAY_RECORDS, config=asdict(cfg), jobs=jobs, log=log,
-                    profiles={n: asdict(c) for n, c in PROFILES.items()})
+    _run_rope_seeds(decay_one, decay_path, DECAY_RECORDS, cfg, seeds, out, jobs, log)
 
 
 def load_decay(out) -> list[dict]:
