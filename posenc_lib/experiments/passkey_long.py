@@ -146,18 +146,26 @@ def base(seed: int, lp: LongPasskey, out, ckpt, reference) -> str:
     eval_text = charlm.load_text(cfg)[1]
     readings = pt.asked(model, "rope", cfg, vocab, eval_text, pk.trials, pt.TEST_SEED)
     ref_path = None if reference is None else pt.result_path(reference, "rope", seed)
-    same = {}
+    same, gap = {}, {}
     if ref_path is not None and ref_path.exists():
         ref = read_json(ref_path)
         same["readings"] = ref["readings"] == readings
+        # how far a model trained again lands from the committed one when not bit-identical
+        gap["retrieved"] = max(abs(a["retrieved"] - b["retrieved"]) for m in readings
+                               for a, b in zip(readings[m], ref["readings"][m]))  # fmt: skip
         if "train_loss" in made:
             same["train_loss"] = ref["train_loss"] == made["train_loss"]
+            gap["train_loss"] = max(abs(a - b) for a, b in zip(made["train_loss"], ref["train_loss"]))
+            gap["first_different_window"] = next(
+                (i for i, (a, b) in enumerate(zip(made["train_loss"], ref["train_loss"])) if a != b), None)
     rec = {"schema": SCHEMA, "kind": "base", "seed": seed, "profile": lp.name, "config": config(lp), **made,
            "readings": readings, "reference": None if ref_path is None else str(ref_path), "same_as_reference": same,
+           "gap_to_reference": gap,
            "cpu_seconds": round(time.process_time() - c0, 1), "torch": torch.__version__}  # fmt: skip
     atomic_write_json(result_path(out, "base", seed), rec)
     return (f"done base seed {seed}: {'trained again' if made['retrained'] else 'weights loaded'}; at "
-            f"{cfg.train_len}: {readings['none'][0]['retrieved']:.2f}; same as the committed record: {same or 'no record'}")
+            f"{cfg.train_len}: {readings['none'][0]['retrieved']:.2f}; same as the committed record: {same or 'no record'}"
+            + (f" (largest gaps: {gap})" if gap else ""))
 
 
 # -- the test -------------------------------------------------------------------------------------
