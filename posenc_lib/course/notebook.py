@@ -158,8 +158,8 @@ RESULT_COMMANDS = {
                                      "nope --seeds 0,1,2 --out results/inside/cache_controls",
     "results/wmt14-laptop": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe none,sinusoidal,shaw,rope "
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume, then the same "
-                            "with --pe learned,t5,xlnet,deberta,alibi --seeds 0 and with --pe t5,alibi --seeds 1 "
-                            "--set precision=fp32",
+                            "with --pe learned,t5,xlnet,deberta,alibi --seeds 0,1,2 and with --pe alibi-directional "
+                            "--seeds 0,1",
     "results/wmt14-laptop-precision": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe shaw,rope --seeds 2 "
                                       "--jobs 2 --threads 1 --out results/wmt14-laptop-precision --resume (bf16, the "
                                       "profile's precision; the same models of results/wmt14-laptop trained in fp32), "
