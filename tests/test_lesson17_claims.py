@@ -36,7 +36,7 @@ def _bleu(results, pe, seed, test="heldout"):
 
 def test_one_rule_four_way(results, verdicts):
     """'One statistic, one rule': three tiers; Shaw-RoPE not separated with p < 0.05 in one seed of three; all
-    twelve in bf16; the reruns in fp32 moved in-domain BLEU by at most 0.27, under a fifth of the smallest ranked gap."""
+    twelve in bf16; the reruns in fp32 moved in-domain BLEU by at most 0.28, under a fifth of the smallest ranked gap."""
     assert {len(results["models"][pe]) for pe in FOUR} == {3}
     assert all(r["precision"] == "bf16" for pe in FOUR for r in results["models"][pe].values())
     for a, b in [("none", "sinusoidal"), ("none", "shaw"), ("none", "rope"), ("sinusoidal", "shaw"),
@@ -45,7 +45,7 @@ def test_one_rule_four_way(results, verdicts):
     sr = verdicts["shaw", "rope"]
     assert sr["verdict"] == "not separated" and sum(x["p"] < 0.05 for x in sr["seeds"].values()) == 1
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
-    assert len(prec) == 7 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
+    assert len(prec) == 8 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
     moved = max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec)
     smallest = min(verdicts[k]["mean"] for k in [("none", "sinusoidal"), ("sinusoidal", "shaw"), ("sinusoidal", "rope")])
     assert round(moved, 2) == 0.28 and moved < smallest / 5
@@ -77,6 +77,7 @@ def test_what_this_scale_can_and_cannot_show(results):
     assert max(params[pe] for pe in FOUR) / min(params[pe] for pe in FOUR) - 1 < 0.005
     assert round(params["learned"] / params["none"] - 1, 3) == 0.067
     assert round(params["xlnet"] / params["none"] - 1, 3) == 0.034
+    assert round(params["deberta"] / params["none"] - 1, 3) == 0.009
     epochs = {r["epochs"] for m in results["models"].values() for r in m.values()}
     assert {round(e, 1) for e in epochs} == {4.1}  # "about 4 epochs"
 
@@ -91,7 +92,7 @@ def test_the_length_story(results):
         return np.mean([(r["all"] if bucket is None else r["buckets"][bucket])[key] for r in rows])
 
     ratios = [mean("heldout", pe, "ratio") for pe in NINE]
-    assert [round(min(ratios), 2), round(max(ratios), 2)] == [0.98, 1.07]
+    assert [round(min(ratios), 2), round(max(ratios), 2)] == [0.97, 1.07]
     assert min(mean("heldout", pe, "bp") for pe in NINE) >= 0.97
     long = story["newstest2014"]["models"]["none"][0]["buckets"][-1]
     assert long["bucket"] == "61+" and long["sentences"] == 484
@@ -109,37 +110,37 @@ def test_the_length_story(results):
 
 
 def test_nine_encodings_one_rule(results, verdicts):
-    """'Nine encodings, one rule': seeds and precision of the five; the rule ranks learned, T5, XLNet and ALiBi
-    ahead of none, XLNet ahead of sinusoidal and of learned, T5 ahead of ALiBi, and nothing else; the descriptive
-    gaps; ALiBi's shuffled-source drops against the others'."""
+    """'Nine encodings, one rule': seeds and precision of the five; the rule ranks all five ahead of none, XLNet
+    and DeBERTa ahead of sinusoidal and of learned, T5 ahead of ALiBi, and nothing else; the descriptive gaps;
+    ALiBi's shuffled-source drops against the others'."""
     seeds = {pe: sorted(int(s) for s in results["models"][pe]) for pe in FIVE}
-    assert seeds == {"learned": [0, 1], "t5": [0, 1], "xlnet": [0, 1], "deberta": [0], "alibi": [0, 1]}
+    assert seeds == {"learned": [0, 1], "t5": [0, 1], "xlnet": [0, 1], "deberta": [0, 1], "alibi": [0, 1]}
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
     assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.28
     assert R.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
     for pe in FIVE:
         v_none, v_sin = verdicts["none", pe], verdicts["sinusoidal", pe]
-        assert v_none["verdict"] == ("not separated" if pe == "deberta" else "b ahead"), pe
-        assert v_sin["verdict"] == ("b ahead" if pe == "xlnet" else "not separated"), pe
+        assert v_none["verdict"] == "b ahead", pe
+        assert v_sin["verdict"] == ("b ahead" if pe in ("xlnet", "deberta") else "not separated"), pe
     gaps = [[round(verdicts[a, b]["mean"], 2), round(verdicts[a, b]["ci95"], 2)]
-            for a, b in (("none", "learned"), ("none", "xlnet"), ("sinusoidal", "xlnet"), ("learned", "xlnet"))]
-    assert gaps == [[8.94, 2.22], [10.49, 2.48], [1.81, 1.21], [1.56, 0.25]]
+            for a, b in (("none", "learned"), ("none", "xlnet"), ("sinusoidal", "xlnet"), ("learned", "xlnet"),
+                         ("sinusoidal", "deberta"), ("learned", "deberta"))]
+    assert gaps == [[8.94, 2.22], [10.49, 2.48], [1.81, 1.21], [1.56, 0.25], [1.54, 0.32], [1.29, 0.64]]
     assert all(x["p"] <= 0.001 for x in verdicts["sinusoidal", "xlnet"]["seeds"].values())
     ta = verdicts["alibi", "t5"]
-    assert ta["verdict"] == "b ahead" and [round(ta["mean"], 2), round(ta["ci95"], 2)] == [2.37, 1.08]
-    assert [results["models"][pe][s]["precision"] for s in ("0", "1") for pe in ("t5", "alibi")] == ["bf16"] * 2 + ["fp32"] * 2
+    assert ta["verdict"] == "b ahead" and [round(ta["mean"], 2), round(ta["ci95"], 2)] == [2.32, 1.65]
+    assert [results["models"][pe][s]["precision"] for s in ("0", "1") for pe in ("t5", "alibi")] == ["bf16"] * 3 + ["fp32"]
     ranked = {(a, b) for a in NINE for b in FIVE if a not in ("none", b) and verdicts[a, b]["verdict"] == "b ahead"}
-    assert ranked == {("alibi", "t5"), ("sinusoidal", "xlnet"), ("learned", "xlnet")}
-    assert all(verdicts[a, "xlnet"]["verdict"] == "not separated" for a in ("shaw", "rope"))
+    assert ranked == {("alibi", "t5"), ("sinusoidal", "xlnet"), ("learned", "xlnet"), ("sinusoidal", "deberta"),
+                      ("learned", "deberta")}
+    assert all(verdicts[a, b]["verdict"] == "not separated" for a in ("shaw", "rope", "xlnet") for b in ("xlnet", "deberta")
+               if a != b)
     ls = verdicts["sinusoidal", "learned"]
     assert [round(ls["seeds"][s]["delta"], 2) for s in (0, 1)] == [0.33, 0.18]
     assert [round(ls["seeds"][s]["p"], 2) for s in (0, 1)] == [0.09, 0.17]
-    none_mean = R.seed_stats(results, "heldout", "bleu")["none"]["mean"]
-    assert round(_bleu(results, "deberta", 0) - none_mean, 1) == 10.1
-    assert round(_bleu(results, "deberta", 0) - _bleu(results, "sinusoidal", 0), 2) == 1.57
     t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
     alibi = [round(_bleu(results, "sinusoidal", s) - _bleu(results, "alibi", s), 2) for s in (0, 1)]
-    assert t5 == [0.38, 0.91] and alibi == [2.07, 1.37]
+    assert t5 == [0.38, 0.82] and alibi == [2.07, 1.37]
     alibi_drops = [round(R.shuffle_drop(results["models"]["alibi"][s]), 1) for s in ("0", "1")]
     others = [R.shuffle_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
     assert alibi_drops == [10.3, 10.6] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]

@@ -160,9 +160,6 @@ RESULT_COMMANDS = {
                             "--seeds 0,1,2 --jobs 2 --threads 1 --out results/wmt14-laptop --resume, then the same "
                             "with --pe learned,t5,xlnet,deberta,alibi --seeds 0,1,2 and with --pe alibi-directional "
                             "--seeds 0,1",
-    "results/wmt14-laptop-bf16": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe learned,t5,xlnet,deberta,"
-                                 "alibi --seeds 0,1,2 --jobs 2 --threads 1 --out runs/wmt14-laptop-bf16 --resume (bf16 "
-                                 "models not yet moved into results/wmt14-laptop)",
     "results/wmt14-laptop-precision": "python -m posenc_lib.experiments.wmt14 --profile laptop --pe shaw,rope --seeds 2 "
                                       "--jobs 2 --threads 1 --out results/wmt14-laptop-precision --resume (bf16, the "
                                       "profile's precision; the same models of results/wmt14-laptop trained in fp32), "
