@@ -53,6 +53,18 @@ def _collect(records, model, path):
     return ins.collect(records, model, path)[0]
 
 
+def _same_rope_models(reruns, records, *fields):
+    """Each rerun is seed 0, 1 or 2 of the course profile and the same RoPE model as results/inside: the same
+    training losses, config and ``fields``. Returns the main run's RoPE records by seed."""
+    main = {r["seed"]: r for r in records if r["model"] == "rope"}
+    assert [r["seed"] for r in reruns] == [0, 1, 2] and all(r["profile"] == "course" for r in reruns)
+    for r in reruns:
+        ref = main[r["seed"]]
+        assert r["train_loss"] == ref["train_loss"] and r["config"] == ref["config"]
+        assert all(r[f] == ref[f] for f in fields)
+    return main
+
+
 def test_the_trained_models_and_their_cost(records):
     """'What it costs' and 'The results': the timed models are the lesson's four, about 17 CPU minutes, and the
     rope and nope timings agree with lesson 15's within 10%; 12 result files of three seeds, 75-100 s of training
@@ -151,11 +163,9 @@ def test_section3_norm_matched_middle_band(records):
     slowest band's; frozen it costs 0.49-0.54 nats at 64 against 2.0-2.2 for the fastest band, 0.22-0.26 of it
     (under a third in 3 of 3 seeds); dropped 0.44-0.52 against 0.05-0.06 for the slowest band."""
     mids = ins.load_bands(RUN / "bands")
-    main = {r["seed"]: r for r in records if r["model"] == "rope"}
-    assert [m["seed"] for m in mids] == [0, 1, 2] and all(m["profile"] == "course" for m in mids)
+    main = _same_rope_models(mids, records)
     for m in mids:
         ref = main[m["seed"]]
-        assert m["train_loss"] == ref["train_loss"] and m["config"] == ref["config"]
         assert all(m["nll"][k] == v for k, v in ref["nll"].items())
         weight = ins.pair_weight(ref["pair_norms"])  # the committed norms give the same band
         assert np.allclose(m["pair_weight"], weight, atol=1e-3) and ins.matched_band(weight, 4) == [4, 5, 6, 7]
@@ -190,12 +200,8 @@ def test_section3_decay_split(records):
     or more of it, pair 5 the most (a third of the total), pairs 8-15 turn by less than 0.7 rad in a window; the run
     cost 6.5 CPU minutes, almost all of it the training; the Summary's 96-101%."""
     decays = ins.load_decay(RUN / "decay")
-    main = {r["seed"]: r for r in records if r["model"] == "rope"}
-    assert [d["seed"] for d in decays] == [0, 1, 2] and all(d["profile"] == "course" for d in decays)
+    _same_rope_models(decays, records, "score_by_distance")
     for d in decays:
-        ref = main[d["seed"]]
-        assert d["train_loss"] == ref["train_loss"] and d["config"] == ref["config"]
-        assert d["score_by_distance"] == ref["score_by_distance"]
         assert d["reconstruction_error"]["rope_sign"] < 1e-5 and d["reconstruction_error"]["other_sign"] >= 10
         assert d["near"] == 4 and d["far_from"] == 32 and d["windows"] == ins.COURSE.sink_windows
     parts = [ins.decay_from_record(d) for d in decays]
