@@ -45,7 +45,7 @@ def test_one_rule_four_way(results, verdicts):
     sr = verdicts["shaw", "rope"]
     assert sr["verdict"] == "not separated" and sum(x["p"] < 0.05 for x in sr["seeds"].values()) == 1
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
-    assert len(prec) == 8 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
+    assert len(prec) == 9 and {("shaw", 2), ("rope", 2)} <= {(r["pe"], r["seed"]) for r in prec}
     moved = max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec)
     smallest = min(verdicts[k]["mean"] for k in [("none", "sinusoidal"), ("sinusoidal", "shaw"), ("sinusoidal", "rope")])
     assert round(moved, 2) == 0.28 and moved < smallest / 5
@@ -110,64 +110,70 @@ def test_the_length_story(results):
 
 
 def test_nine_encodings_one_rule(results, verdicts):
-    """'Nine encodings, one rule': seeds and precision of the five; the rule ranks all five ahead of none, XLNet
-    and DeBERTa ahead of sinusoidal and of learned, T5 ahead of ALiBi, and nothing else; the descriptive gaps;
-    ALiBi's shuffled-source drops against the others'."""
+    """'Nine encodings, one rule': seeds and precision of the five (all bf16); the rule ranks all five ahead of
+    none, XLNet and DeBERTa ahead of sinusoidal and of learned, ALiBi behind sinusoidal, Shaw, RoPE and T5, and
+    nothing else; the descriptive gaps; ALiBi's shuffled-source drops against the others'."""
     seeds = {pe: sorted(int(s) for s in results["models"][pe]) for pe in FIVE}
-    assert seeds == {"learned": [0, 1], "t5": [0, 1], "xlnet": [0, 1], "deberta": [0, 1], "alibi": [0, 1]}
+    assert seeds == {"learned": [0, 1], "t5": [0, 1], "xlnet": [0, 1], "deberta": [0, 1], "alibi": [0, 1, 2]}
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
     assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.28
     assert R.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
     for pe in FIVE:
         v_none, v_sin = verdicts["none", pe], verdicts["sinusoidal", pe]
         assert v_none["verdict"] == "b ahead", pe
-        assert v_sin["verdict"] == ("b ahead" if pe in ("xlnet", "deberta") else "not separated"), pe
+        assert v_sin["verdict"] == {"xlnet": "b ahead", "deberta": "b ahead", "alibi": "a ahead"}.get(pe, "not separated"), pe
     gaps = [[round(verdicts[a, b]["mean"], 2), round(verdicts[a, b]["ci95"], 2)]
             for a, b in (("none", "learned"), ("none", "xlnet"), ("sinusoidal", "xlnet"), ("learned", "xlnet"),
                          ("sinusoidal", "deberta"), ("learned", "deberta"))]
     assert gaps == [[8.94, 2.22], [10.49, 2.48], [1.81, 1.21], [1.56, 0.25], [1.54, 0.32], [1.29, 0.64]]
     assert all(x["p"] <= 0.001 for x in verdicts["sinusoidal", "xlnet"]["seeds"].values())
+    behind = [[round(-verdicts[a, "alibi"]["mean"], 2), round(verdicts[a, "alibi"]["ci95"], 2), verdicts[a, "alibi"]["n"]]
+              for a in ("sinusoidal", "shaw", "rope")]
+    assert behind == [[1.63, 0.94, 3], [3.04, 0.73, 3], [3.04, 1.76, 3]]
+    assert all(verdicts[a, "alibi"]["verdict"] == "a ahead" for a in ("sinusoidal", "shaw", "rope"))
     ta = verdicts["alibi", "t5"]
-    assert ta["verdict"] == "b ahead" and [round(ta["mean"], 2), round(ta["ci95"], 2)] == [2.32, 1.65]
-    assert [results["models"][pe][s]["precision"] for s in ("0", "1") for pe in ("t5", "alibi")] == ["bf16"] * 3 + ["fp32"]
-    ranked = {(a, b) for a in NINE for b in FIVE if a not in ("none", b) and verdicts[a, b]["verdict"] == "b ahead"}
+    assert ta["verdict"] == "b ahead" and [round(ta["mean"], 2), round(ta["ci95"], 2)] == [2.34, 1.40]
+    assert all(r["precision"] == "bf16" for m in results["models"].values() for r in m.values())
+    ranked = {(a, b) for a in NINE for b in NINE if a not in ("none", b) and b not in FOUR
+              and verdicts[a, b]["verdict"] == "b ahead"}
     assert ranked == {("alibi", "t5"), ("sinusoidal", "xlnet"), ("learned", "xlnet"), ("sinusoidal", "deberta"),
                       ("learned", "deberta")}
+    assert {(a, b) for a in FIVE for b in FOUR if verdicts[a, b]["verdict"] == "b ahead"} == \
+        {("alibi", pe) for pe in ("sinusoidal", "shaw", "rope")}
     assert all(verdicts[a, b]["verdict"] == "not separated" for a in ("shaw", "rope", "xlnet") for b in ("xlnet", "deberta")
                if a != b)
     ls = verdicts["sinusoidal", "learned"]
     assert [round(ls["seeds"][s]["delta"], 2) for s in (0, 1)] == [0.33, 0.18]
     assert [round(ls["seeds"][s]["p"], 2) for s in (0, 1)] == [0.09, 0.17]
     t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
-    alibi = [round(_bleu(results, "sinusoidal", s) - _bleu(results, "alibi", s), 2) for s in (0, 1)]
-    assert t5 == [0.38, 0.82] and alibi == [2.07, 1.37]
-    alibi_drops = [round(R.shuffle_drop(results["models"]["alibi"][s]), 1) for s in ("0", "1")]
+    assert t5 == [0.38, 0.82]
+    alibi_drops = [round(R.shuffle_drop(results["models"]["alibi"][s]), 1) for s in ("0", "1", "2")]
     others = [R.shuffle_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
-    assert alibi_drops == [10.3, 10.6] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]
+    assert [min(alibi_drops), max(alibi_drops)] == [10.1, 10.5] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]
 
 
 def test_alibi_directional(results):
-    """'ALiBi, a hypothesis tested': two seeds of the directional variant in bf16 (symmetric ALiBi: bf16 in seed 0,
-    fp32 in seed 1); below symmetric ALiBi by 0.85 and 1.11 (bootstrap p <= 0.001 in each seed), paired mean
-    -0.98 +- 1.65, not ranked; below sinusoidal by 2.92 and 2.48 (ALiBi: 2.07 and 1.37); smaller shuffled-source
-    drops (8.9 and 9.3 against 10.3 and 10.6)."""
+    """'ALiBi, a hypothesis tested': two seeds of the directional variant, both ALiBis in bf16; below symmetric
+    ALiBi by 0.85 and 1.07 (bootstrap p <= 0.001 in each seed), paired mean -0.96 +- 1.40, not ranked; below
+    sinusoidal by 2.92 and 2.48 (ALiBi: 2.07 and 1.41); smaller shuffled-source drops (8.9 and 9.3 against 10.3
+    and 10.5)."""
     models = results["models"]
     assert sorted(models["alibi-directional"]) == ["0", "1"]
     assert [models[pe][s]["precision"] for s in ("0", "1") for pe in ("alibi", "alibi-directional")] == \
-        ["bf16", "bf16", "fp32", "bf16"]
+        ["bf16"] * 4
     boot = R.bootstrap_by_seed(RUN, "heldout", schemes=["sinusoidal", "alibi", "alibi-directional"], tag="alibi")
     v = R.ranking_verdict(results, boot, "alibi", "alibi-directional")
     assert v["n"] == 2 and v["verdict"] == "not separated"
-    assert [round(v["mean"], 2), round(v["ci95"], 2)] == [-0.98, 1.65]
-    assert [round(v["seeds"][s]["delta"], 2) for s in (0, 1)] == [-0.85, -1.11]
+    assert [round(v["mean"], 2), round(v["ci95"], 2)] == [-0.96, 1.40]
+    assert [round(v["seeds"][s]["delta"], 2) for s in (0, 1)] == [-0.85, -1.07]
     assert all(x["p"] <= 0.001 for x in v["seeds"].values())
     assert [round(_bleu(results, "alibi-directional", s), 2) for s in (0, 1)] == [20.05, 20.23]
     assert round(_bleu(results, "alibi", 0), 2) == 20.90
     gaps = [round(_bleu(results, "sinusoidal", s) - _bleu(results, pe, s), 2) for pe in ("alibi-directional", "alibi")
             for s in (0, 1)]
-    assert gaps == [2.92, 2.48, 2.07, 1.37]
+    assert gaps == [2.92, 2.48, 2.07, 1.41]
     drops = [round(R.shuffle_drop(models[pe][s]), 1) for pe in ("alibi-directional", "alibi") for s in ("0", "1")]
-    assert drops == [8.9, 9.3, 10.3, 10.6]
+    assert drops == [8.9, 9.3, 10.3, 10.5]
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
     assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.28
 
