@@ -12,6 +12,7 @@ from posenc_lib.experiments import cope_counting as cc
 from posenc_lib.experiments import extrapolation as ex
 from posenc_lib.experiments import inside as ins
 from posenc_lib.experiments import long_context_scaled as lcs
+from posenc_lib.experiments import passkey_long as pkl
 from posenc_lib.experiments import passkey_trained as pkt
 from posenc_lib.experiments import sliding_window as sw
 
@@ -22,6 +23,7 @@ RESULTS = ROOT / "results"
 COMMITTED = {
     "long_context": charlm.RECORDS, "rope_variants": charlm.RECORDS, "long_context_extra": charlm.RECORDS,
     "long_context_scaled": lcs.RECORDS, "sliding_window": sw.RECORDS, "passkey_trained": pkt.RECORDS,
+    "passkey_long": pkl.RECORDS,
     "inside": ins.RECORDS, "inside/bands": ins.BAND_RECORDS, "inside/decay": ins.DECAY_RECORDS,
     "inside/cache_controls": ins.CONTROL_RECORDS, "cope_counting": cc.RECORDS,
     **{str(p.parent.relative_to(RESULTS)): ex.RECORDS

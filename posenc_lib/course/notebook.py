@@ -131,7 +131,7 @@ RESULT_COMMANDS = {
                                "--out results/passkey_trained --jobs 2",
     "results/passkey_long": "python -m posenc_lib.experiments.passkey_long --profile course --seeds 0,1,4 --out "
                             "results/passkey_long --ckpt runs/passkey-long --reference results/passkey_trained "
-                            "--jobs 3",
+                            "--jobs 2",
     "results/long_context": "python -m posenc_lib.experiments.long_context --profile course --seeds 0,1,2 --out "
                             "results/long_context --jobs 2 --resume",
     "results/long_context_scaled": "python -m posenc_lib.experiments.long_context_scaled --profile course --seeds "

@@ -32,7 +32,7 @@ Command line::
 
     python -m posenc_lib.experiments.passkey_long --profile smoke --out runs/passkey-long-smoke
     python -m posenc_lib.experiments.passkey_long --profile course --seeds 0,1,4 --out results/passkey_long \\
-        --ckpt runs/passkey-long --reference results/passkey_trained --jobs 3
+        --ckpt runs/passkey-long --reference results/passkey_trained --jobs 2
 """
 from __future__ import annotations
 
