@@ -98,13 +98,14 @@ def test_the_length_story(results):
     assert long["bucket"] == "61+" and long["sentences"] == 484
     early = ["sinusoidal", "learned", "shaw", "rope", "xlnet", "deberta"]
     shares = [mean("newstest2014", pe, "stops_early", -1) for pe in early]
-    assert [round(100 * min(shares)), round(100 * max(shares))] == [31, 72]
+    assert [round(100 * min(shares)), round(100 * max(shares))] == [31, 73]
     bps = [mean("newstest2014", pe, "bp") for pe in early]
-    assert [round(min(bps), 2), round(max(bps), 2)] == [0.67, 0.80]
+    assert [round(min(bps), 2), round(max(bps), 2)] == [0.65, 0.80]
+    assert [round(100 * (1 - max(bps))), round(100 * (1 - min(bps)))] == [20, 35]
     others = [pe for pe in NINE if pe not in early]
     assert all(mean("newstest2014", pe, "stops_early", -1) < min(shares) for pe in others)
     assert round(mean("newstest2014", "t5", "ratio"), 1) == 1.6 and mean("newstest2014", "t5", "bp") == 1.0
-    assert 0.45 < mean("newstest2014", "t5", "runs_on", -1) < 0.6
+    assert round(100 * mean("newstest2014", "t5", "runs_on", -1)) == 44
     assert all(abs(mean("newstest2014", pe, "ratio") - 1) < 0.05 for pe in ("none", "alibi"))
     assert all(abs(mean("newstest2014", pe, "ratio") - 1) > 0.15 for pe in early + ["t5"])
 
@@ -114,7 +115,7 @@ def test_nine_encodings_one_rule(results, verdicts):
     none, XLNet and DeBERTa ahead of sinusoidal and of learned, ALiBi behind sinusoidal, Shaw, RoPE and T5, and
     nothing else; the descriptive gaps; ALiBi's shuffled-source drops against the others'."""
     seeds = {pe: sorted(int(s) for s in results["models"][pe]) for pe in FIVE}
-    assert seeds == {"learned": [0, 1], "t5": [0, 1], "xlnet": [0, 1], "deberta": [0, 1], "alibi": [0, 1, 2]}
+    assert seeds == {"learned": [0, 1, 2], "t5": [0, 1, 2], "xlnet": [0, 1], "deberta": [0, 1], "alibi": [0, 1, 2]}
     prec = R.precision_pairs(RUN, ROOT / "results" / "wmt14-laptop-precision")
     assert round(max(abs(r["scores"]["BLEU in-domain"][2]) for r in prec), 2) == 0.28
     assert R.t_quantile_975(1) == pytest.approx(12.706, abs=1e-3)
@@ -125,28 +126,35 @@ def test_nine_encodings_one_rule(results, verdicts):
     gaps = [[round(verdicts[a, b]["mean"], 2), round(verdicts[a, b]["ci95"], 2)]
             for a, b in (("none", "learned"), ("none", "xlnet"), ("sinusoidal", "xlnet"), ("learned", "xlnet"),
                          ("sinusoidal", "deberta"), ("learned", "deberta"))]
-    assert gaps == [[8.94, 2.22], [10.49, 2.48], [1.81, 1.21], [1.56, 0.25], [1.54, 0.32], [1.29, 0.64]]
+    assert gaps == [[8.48, 1.99], [10.49, 2.48], [1.81, 1.21], [1.56, 0.25], [1.54, 0.32], [1.29, 0.64]]
     assert all(x["p"] <= 0.001 for x in verdicts["sinusoidal", "xlnet"]["seeds"].values())
     behind = [[round(-verdicts[a, "alibi"]["mean"], 2), round(verdicts[a, "alibi"]["ci95"], 2), verdicts[a, "alibi"]["n"]]
               for a in ("sinusoidal", "shaw", "rope")]
     assert behind == [[1.63, 0.94, 3], [3.04, 0.73, 3], [3.04, 1.76, 3]]
-    assert all(verdicts[a, "alibi"]["verdict"] == "a ahead" for a in ("sinusoidal", "shaw", "rope"))
-    ta = verdicts["alibi", "t5"]
-    assert ta["verdict"] == "b ahead" and [round(ta["mean"], 2), round(ta["ci95"], 2)] == [2.34, 1.40]
+    assert all(verdicts[a, "alibi"]["verdict"] == "a ahead" for a in ("sinusoidal", "learned", "shaw", "rope"))
+    ta, la = verdicts["alibi", "t5"], verdicts["alibi", "learned"]
+    assert ta["verdict"] == "b ahead" and [round(ta["mean"], 2), round(ta["ci95"], 2)] == [2.33, 0.28]
+    assert la["verdict"] == "b ahead" and [round(la["mean"], 2), round(la["ci95"], 2)] == [1.85, 1.19]
+    for a, b, want in (("learned", "shaw", [1.20, 0.47]), ("learned", "rope", [1.20, 0.57]),
+                       ("t5", "shaw", [0.71, 0.51])):
+        v = verdicts[a, b]
+        assert v["verdict"] == "b ahead" and v["n"] == 3 and [round(v["mean"], 2), round(v["ci95"], 2)] == want
     assert all(r["precision"] == "bf16" for m in results["models"].values() for r in m.values())
     ranked = {(a, b) for a in NINE for b in NINE if a not in ("none", b) and b not in FOUR
               and verdicts[a, b]["verdict"] == "b ahead"}
     assert ranked == {("alibi", "t5"), ("sinusoidal", "xlnet"), ("learned", "xlnet"), ("sinusoidal", "deberta"),
-                      ("learned", "deberta")}
+                      ("learned", "deberta"), ("alibi", "learned")}
     assert {(a, b) for a in FIVE for b in FOUR if verdicts[a, b]["verdict"] == "b ahead"} == \
-        {("alibi", pe) for pe in ("sinusoidal", "shaw", "rope")}
+        {("alibi", pe) for pe in ("sinusoidal", "shaw", "rope")} | {("learned", "shaw"), ("learned", "rope"),
+                                                                    ("t5", "shaw")}
     assert all(verdicts[a, b]["verdict"] == "not separated" for a in ("shaw", "rope", "xlnet") for b in ("xlnet", "deberta")
                if a != b)
     ls = verdicts["sinusoidal", "learned"]
-    assert [round(ls["seeds"][s]["delta"], 2) for s in (0, 1)] == [0.33, 0.18]
-    assert [round(ls["seeds"][s]["p"], 2) for s in (0, 1)] == [0.09, 0.17]
-    t5 = [round(_bleu(results, "t5", s) - _bleu(results, "sinusoidal", s), 2) for s in (0, 1)]
-    assert t5 == [0.38, 0.82]
+    assert ls["verdict"] == "not separated" and [round(ls["mean"], 2), round(ls["ci95"], 2)] == [0.21, 0.26]
+    assert [round(ls["seeds"][s]["p"], 2) for s in (0, 1, 2)] == [0.09, 0.17, 0.21]
+    ts = verdicts["sinusoidal", "t5"]
+    assert ts["verdict"] == "not separated" and [round(ts["mean"], 2), round(ts["ci95"], 2)] == [0.70, 0.69]
+    assert round(ts["seeds"][0]["p"], 2) == 0.09 and all(ts["seeds"][s]["p"] < 0.05 for s in (1, 2))
     alibi_drops = [round(R.shuffle_drop(results["models"]["alibi"][s]), 1) for s in ("0", "1", "2")]
     others = [R.shuffle_drop(r) for pe in NINE if pe not in ("none", "alibi") for r in results["models"][pe].values()]
     assert [min(alibi_drops), max(alibi_drops)] == [10.1, 10.5] and [round(min(others), 1), round(max(others), 1)] == [14.9, 18.0]
