@@ -512,6 +512,35 @@ def test_the_gpu_path_reads_the_device_no_more_often_for_more_updates(tmp_path):
 
 
 @gpu_only
+def test_compiled_training_equals_eager_with_inductor(tmp_path):
+    """The gpu profile's compile=true and fused_qkv=true built by inductor: the curve of the same path uncompiled
+    (fp32, no dropout), one graph for batches of every shape; the time per update of both is reported."""
+    import torch._dynamo
+
+    from posenc_lib.experiments.wmt14 import prepare_data
+    from posenc_lib.experiments.wmt14.train import get_profile, train_model
+
+    base = dict(vocab_size=300, max_train_pairs=None, val_pairs=8, batch_tokens=300, ckpt_every=0, max_steps=12,
+                log_every=4, val_every=4, dropout=0.0, precision="fp32", fused_qkv=True, **FAST)
+    tok, data, _ = prepare_data(get_profile("smoke", base), tmp_path / "r", data_dir=_tiny_data(tmp_path),
+                                source="files", log=lambda m: None)
+    runs = {}
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for compiled in (False, True):
+        prof = get_profile("smoke", dict(base, compile=compiled))
+        runs[compiled] = train_model("rope", 0, prof, data, tok, tmp_path / f"c{compiled}", device=DEVICE,
+                                     progress=False, log=lambda m: None)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    assert runs[True]["compiled"] is True and graphs == 1, graphs
+    worst = max(abs(a["train_loss"] - b["train_loss"]) for a, b in zip(runs[False]["curve"][1:], runs[True]["curve"][1:]))
+    assert worst < 2e-3, worst
+    report(f"inductor: 12 updates compiled ({runs[True]['wall_s']} s with the build) vs eager "
+           f"({runs[False]['wall_s']} s); curves differ by at most {worst:.1e}; {graphs} graph")
+
+
+@gpu_only
 def test_peak_memory_is_each_models_own(tmp_path):
     """A worker process trains several models in turn: an earlier, larger peak must not be reported."""
     from posenc_lib.experiments.wmt14.train import get_profile

@@ -23,8 +23,8 @@ def check_attention_call(d_model: int, x, kv, key_padding_mask, causal, need_wei
             raise TypeError(f"{name} must be a torch.Tensor (batch, length, d_model), got {type(t).__name__}")
         if not t.dtype.is_floating_point:
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-        batch = "batch" if t is x else f"batch={x.shape[0]}"
         if t.ndim != 3 or t.shape[2] != d_model or (t is kv and t.shape[0] != x.shape[0]):
+            batch = "batch" if t is x else f"batch={x.shape[0]}"  # formatted here only: a compiled call keeps it symbolic
             raise ValueError(f"{name} must have shape ({batch}, length, d_model={d_model}), "
                              f"got {tuple(t.shape)}")  # fmt: skip
     if key_padding_mask is not None:

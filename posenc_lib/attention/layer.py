@@ -63,6 +63,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import backends
@@ -275,6 +276,9 @@ class MultiHeadAttention(nn.Module):
     #: ``(batch, len, 3 * d_model)`` queries, keys and values of self-attention in one product, or ``None`` where ``x``
     #: has too many rows for it (the three projections then run as they are)
     step_qkv = None
+    #: set True (the ``gpu`` training profile) to make self-attention's queries, keys and values with one matrix
+    #: product over the three weights concatenated: one kernel instead of three, the same parameters
+    fused_qkv = False
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, len, d_model) -> (batch, heads, len, head_dim)``."""
@@ -332,11 +336,22 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = probs.detach()
         return (out, probs) if need_weights else out
 
+    def qkv_product(self, x: torch.Tensor) -> torch.Tensor:
+        """``(batch, len, 3 * d_model)``: ``x``'s queries, keys and values in one product (gradients reach the three
+        projections' own weights through the concatenation)."""
+        w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        b = self.q_proj.bias
+        if b is not None:
+            b = torch.cat((b, self.k_proj.bias, self.v_proj.bias))
+        return F.linear(x, w, b)
+
     def _project(self, x, kv, scheme, prep, layer: int, cache):
         """``(q, k, v)``, each ``(batch, heads, len, head_dim)``: self-attention's rotated by the scheme and its keys
         and values appended to the cache; cross-attention's keys and values projected once per cache (no positions)."""
         qkv = self.step_qkv(x) if kv is None and self.step_qkv is not None else None
-        if qkv is not None:  # a cached decoding step: q, k and v from one product (models.decoding.packed_weights)
+        if qkv is None and kv is None and self.fused_qkv:
+            qkv = self.qkv_product(x)
+        if qkv is not None:  # q, k and v from one product (a cached decoding step, or fused_qkv)
             q, k, v = (self.split(t) for t in qkv.chunk(3, dim=-1))
         else:
             q = self.split(self.q_proj(x))

@@ -126,7 +126,7 @@ def _ends_of(prep: dict) -> tuple[int, int]:
     """:func:`clipped_ends` of ``prep["index"]``, worked out once per forward pass for each block's slice of it (the
     layers of a stack share them; the cache lives in the context :meth:`DebertaDisentangled.prepare` made)."""
     index, cache = prep["index"], prep.get("ends_cache")
-    if cache is None:
+    if cache is None or torch.compiler.is_compiling():  # compiled: the full range, no key made of sizes
         return clipped_ends(index)
     key = (index.data_ptr(), tuple(index.shape), index.stride())
     if key not in cache:
@@ -138,7 +138,7 @@ def clipped_ends(index: torch.Tensor) -> tuple[int, int]:
     """``(left, right)``: columns ``< left`` hold ``index[0, 0]`` in every row and columns ``>= right`` hold
     ``index[0, -1]`` (the clipped distances of a long block); ``(0, Lk)`` off the CPU (no host read)."""
     lk = index.shape[1]
-    if index.device.type != "cpu" or index.numel() == 0:
+    if index.device.type != "cpu" or index.numel() == 0 or torch.compiler.is_compiling():  # no host read
         return 0, lk
     same_left = (index == index[:1, :1]).all(0)
     same_right = (index == index[:1, -1:]).all(0)

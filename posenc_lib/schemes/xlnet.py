@@ -65,8 +65,12 @@ def rel_shift(x: torch.Tensor, k_len: int) -> torch.Tensor:
     *lead, lq, p = x.shape
     if p != lq + k_len - 1:
         raise ValueError(f"rel_shift needs Lq + k_len - 1 = {lq + k_len - 1} distance columns, got {p}")
-    x = x.contiguous()
-    return x.as_strided((*lead, lq, k_len), (*x.stride()[:-2], p - 1, 1), x.storage_offset() + lq - 1)
+    if torch.compiler.is_compiling():  # a fresh copy starts its storage at 0: no storage_offset() to trace
+        x, offset = x.clone(memory_format=torch.contiguous_format), 0
+    else:
+        x = x.contiguous()
+        offset = x.storage_offset()
+    return x.as_strided((*lead, lq, k_len), (*x.stride()[:-2], p - 1, 1), offset + lq - 1)
 
 
 def _is_arange(pos: torch.Tensor) -> bool:
@@ -112,7 +116,7 @@ class XLNetRelative(PositionScheme):
         n = q_pos.numel() + k_pos.numel() - 1
         # distances dmax, dmax - 1, ..., with dmax = last query - first key, kept on the device
         distances = (q_pos[-1] - k_pos[0]) - torch.arange(n, device=q_pos.device)
-        return {"q_pos": q_pos, "k_pos": k_pos, "R": xlnet_sinusoid(distances, self.d_model, self.base)}
+        return {"q_pos": q_pos, "k_pos": k_pos, "R": _sinusoid(distances, self.d_model, self.base)}
 
     def prepare_step(self, q_pos, k_pos, state):
         if q_pos.numel() == 1:  # one new token: its distances k_len - 1, ..., 0 come from a kept table

@@ -78,8 +78,8 @@ def profile_schemes(prof: Profile, pes: list[str], out, *, data_dir=None, source
         work = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".profile-"))
         t0 = time.perf_counter()
         try:
-            train_model(pe, 0, timed_prof, data, tok, work, device=device, progress=False, stop_after=last + 1,
-                        ckpt_dir=work, log=lambda m: None, on_update=on_update)
+            trained = train_model(pe, 0, timed_prof, data, tok, work, device=device, progress=False,
+                                  stop_after=last + 1, ckpt_dir=work, log=log, on_update=on_update)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         r = timer.result()
@@ -90,6 +90,8 @@ def profile_schemes(prof: Profile, pes: list[str], out, *, data_dir=None, source
                                                           f"{table}\n")
         row = {"s_per_update": r["s_per_update"], "tok_per_s": r["tok_per_s"], "tflop_per_s": float(f"{tflops:.4g}"),
                "wall_s": round(time.perf_counter() - t0, 1)}
+        if prof.compile:  # the warm-up updates include the compile; False: it failed and the model ran uncompiled
+            row["compiled"] = trained["compiled"]
         if on_cuda:
             row["share_of_h200_bf16"] = round(tflops / H200_BF16_TFLOPS, 4)
             row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)

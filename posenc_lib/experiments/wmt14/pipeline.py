@@ -70,7 +70,7 @@ DATA_FIELDS = ("tokenizer", "vocab_size", "max_tokens", "max_train_pairs", "val_
 #: profile fields that change memory use or speed, not the recipe: a run may resume with another value (e.g.
 #: after OOM, or on a CPU without native bf16); every model's result.json records the precision it trained in,
 #: and a checkpoint is only resumed in its own precision
-MEMORY_FIELDS = ("micro_batch_tokens", "precision", "device_data", "loss_chunk")
+MEMORY_FIELDS = ("micro_batch_tokens", "precision", "device_data", "loss_chunk", "fused_qkv", "compile")
 #: profile fields that say when checkpoints are written: a checkpoint is the same whenever it is made
 CHECKPOINT_FIELDS = ("ckpt_every", "ckpt_on_signal")
 

@@ -18,7 +18,9 @@ fp16 with a gradient scaler on older GPUs (T4, V100), float32 on the CPU.
 The loop never waits for the GPU between updates: losses are summed on the
 device and read once per ``log_every`` updates.  The ``gpu`` profile also gathers
 its batches from token ids kept on the device, computes the loss in chunks of
-rows (:mod:`.fastpath`), and writes checkpoints after the last update and on
+rows (:mod:`.fastpath`), makes self-attention's q, k and v in one product, runs the model's forward and
+backward as one ``torch.compile`` graph (``compile``; sizes symbolic, so one graph serves every batch shape),
+and writes checkpoints after the last update and on
 SIGUSR1 (then goes on) or SIGTERM (then ends as SIGTERM would) instead of every
 ``ckpt_every`` updates; on CUDA, Adam steps with its fused kernel.  Under ``torchrun`` each
 process trains on its own share of every epoch's batches and
@@ -99,7 +101,7 @@ def validate_profile(prof: Profile) -> None:
             raise ValueError(f"profile field {name}={v!r} is invalid; allowed: {allowed}")
         if (lo is not None and (v < lo if lo_ok else v <= lo)) or (hi is not None and (v > hi if hi_ok else v >= hi)):
             raise ValueError(f"profile field {name}={v!r} is out of range; allowed: {allowed}")
-    for name in ("bertscore", "device_data", "ckpt_on_signal"):
+    for name in ("bertscore", "device_data", "ckpt_on_signal", "fused_qkv", "compile"):
         if not isinstance(getattr(prof, name), bool):
             raise ValueError(f"profile field {name}={getattr(prof, name)!r} is invalid; allowed: true or false")
     if not isinstance(prof.name, str) or not prof.name:
@@ -188,6 +190,12 @@ class Profile:
     # logits at a time (fastpath.chunked_cross_entropy; None: the whole logits tensor, upcast to fp32)
     device_data: bool = False
     loss_chunk: int | None = None
+    # more speed (the gpu profile): self-attention's q, k and v in one matrix product, and the model's forward and
+    # backward compiled with torch.compile (shapes dynamic after the first new one; a compile that fails falls back
+    # to the eager model with a warning). Compiled dropout draws its masks from its own generator: the same
+    # recipe, other masks than the eager model at the same seed
+    fused_qkv: bool = False
+    compile: bool = False
     # batching: "target" sorts each chunk of pairs by target length (then source length); "both" by the
     # longer side in buckets of 4 tokens, then target, then source length: less source padding
     bucket: str = "target"
@@ -237,10 +245,15 @@ PROFILES: dict[str, Profile] = {
         name="gpu", d_model=512, n_heads=8, num_layers=6, num_decoder_layers=6, dim_feedforward=2048,
         vocab_size=16000, max_tokens=64, batch_tokens=24000, lr=8e-4, warmup=800, max_steps=3200,
         log_every=100, val_every=400, val_pairs=500, ckpt_every=0, ckpt_on_signal=True, device_data=True,
-        loss_chunk=4096, bucket="both",
+        loss_chunk=4096, bucket="both", fused_qkv=True, compile=True,
     ),
 }  # fmt: skip
 
+
+#: the torch.compile backend of ``compile=True`` per device type; None: that device trains uncompiled (inductor's C++
+#: build takes minutes per model on a few CPU cores, more than a rehearsal of the gpu profile trains). The CPU tests
+#: trace with "aot_eager": the same graphs, no C++ build
+COMPILE_BACKENDS = {"cuda": "inductor", "cpu": None}
 
 #: profiles sized for a CUDA GPU: refused on a machine without one unless the device is asked for (a rehearsal)
 GPU_PROFILES = ("gpu",)
@@ -629,9 +642,16 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     curve = read_metrics(metrics_path, state["step"])
     if rank == 0:
         atomic_write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in curve))
+    for _, attn in model.attention_layers():
+        attn.fused_qkv = prof.fused_qkv
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.startswith("cuda") else None)
+    # what the updates call; net is kept for no_sync and as the fallback
+    backend = COMPILE_BACKENDS.get(torch.device(device).type) if prof.compile else None
+    fwd = torch.compile(net, backend=backend) if backend is not None else net
+    if prof.compile and backend is None:
+        log(f"{model_dir.name}: compile=true is not used on {device} (no compile backend for it): training uncompiled")
     train = data["train"]
     src_lens = [len(r) + 1 for r in train["src"]]
     tgt_lens = [len(r) + 1 for r in train["tgt"]]
@@ -650,6 +670,50 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
                       "lr": 0.0})
         with open(metrics_path, "a") as f:
             f.write(json.dumps(curve[-1]) + "\n")
+    def forward_backward(fwd, parts, n_real, at):
+        """The update's loss (a device scalar) with its gradients added to the parameters, part by part."""
+        loss_sum = None
+        for k, part in enumerate(parts):  # one pass per part; the gradients add up to the whole batch's
+            if store is None:
+                s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part],
+                                         tok.pad_id, tok.bos_id, tok.eos_id)
+                s = s.to(device, non_blocking=True)
+                t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
+            elif len(parts) == 1:
+                s, t_in, t_out = store.gather(*on_device[at])
+            else:
+                s, t_in, t_out = store.gather(torch.tensor(part).to(device, non_blocking=True), *store.widths(part))
+            last = k == len(parts) - 1
+            pad_mask = s == tok.pad_id
+            if fwd is not net:  # batch and length sizes symbolic from the first batch: one graph for every shape
+                for t in (s, t_in, pad_mask):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+                    torch._dynamo.maybe_mark_dynamic(t, 1)
+            with net.no_sync() if world > 1 and not last else contextlib.nullcontext():  # DDP: reduce once
+                if prof.loss_chunk is None:
+                    with prec.autocast():
+                        logits = fwd(s, t_in, src_key_padding_mask=pad_mask)
+                    flat = logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1)
+                    del logits
+                    if len(parts) == 1:
+                        loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
+                    else:  # the mean over the whole batch's tokens, in parts
+                        loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing,
+                                               reduction="sum") / n_real
+                    del flat
+                else:  # the output layer and the loss a few thousand rows at a time: no (tokens, vocab) fp32 copy
+                    with prec.autocast():
+                        states = fwd(s, t_in, src_key_padding_mask=pad_mask, states=True)
+                        loss = chunked_cross_entropy(states, model.output_weight(), t_out, ignore_index=tok.pad_id,
+                                                     label_smoothing=prof.label_smoothing, reduction="sum",
+                                                     chunk=prof.loss_chunk) / n_real
+                    del states
+                # fp16: scale the loss so that small gradients survive; unscaled again before clipping
+                (prec.scaler.scale(loss) if prec.scaler is not None else loss).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            del loss
+        return loss_sum
+
     model.train()
     # the summed loss stays on the device and is read once per log line: no host sync per update
     run_loss, run_tok, run_n, t_log = torch.zeros((), device=device), 0, 0, time.perf_counter()
@@ -678,41 +742,19 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
             n_real = sum(tgt_lens[i] for i in b)  # target tokens of the update, counted on the host
             parts = split_batch(b, tgt_lens, micro) if micro is not None else [b]
             opt.zero_grad(set_to_none=True)
-            loss_sum = None
-            for k, part in enumerate(parts):  # one pass per part; the gradients add up to the whole batch's
-                if store is None:
-                    s, t_in, t_out = collate([train["src"][i] for i in part], [train["tgt"][i] for i in part],
-                                             tok.pad_id, tok.bos_id, tok.eos_id)
-                    s = s.to(device, non_blocking=True)
-                    t_in, t_out = t_in.to(device, non_blocking=True), t_out.to(device, non_blocking=True)
-                elif len(parts) == 1:
-                    s, t_in, t_out = store.gather(*on_device[state["batch_idx"] - 1])
-                else:
-                    s, t_in, t_out = store.gather(torch.tensor(part).to(device, non_blocking=True), *store.widths(part))
-                last = k == len(parts) - 1
-                with net.no_sync() if world > 1 and not last else contextlib.nullcontext():  # DDP: reduce once
-                    if prof.loss_chunk is None:
-                        with prec.autocast():
-                            logits = net(s, t_in, src_key_padding_mask=s == tok.pad_id)
-                        flat = logits.float().reshape(-1, logits.shape[-1]), t_out.reshape(-1)
-                        del logits
-                        if len(parts) == 1:
-                            loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing)
-                        else:  # the mean over the whole batch's tokens, in parts
-                            loss = F.cross_entropy(*flat, ignore_index=tok.pad_id, label_smoothing=prof.label_smoothing,
-                                                   reduction="sum") / n_real
-                        del flat
-                    else:  # the output layer and the loss a few thousand rows at a time: no (tokens, vocab) fp32 copy
-                        with prec.autocast():
-                            states = net(s, t_in, src_key_padding_mask=s == tok.pad_id, states=True)
-                            loss = chunked_cross_entropy(states, model.output_weight(), t_out, ignore_index=tok.pad_id,
-                                                         label_smoothing=prof.label_smoothing, reduction="sum",
-                                                         chunk=prof.loss_chunk) / n_real
-                        del states
-                    # fp16: scale the loss so that small gradients survive; unscaled again before clipping
-                    (prec.scaler.scale(loss) if prec.scaler is not None else loss).backward()
-                loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-                del loss
+            try:
+                loss_sum = forward_backward(fwd, parts, n_real, state["batch_idx"] - 1)
+            except (torch.OutOfMemoryError, KeyboardInterrupt):
+                raise
+            except Exception as err:  # noqa: BLE001 (any compiler failure): the same update, eager
+                if fwd is net:
+                    raise
+                why = " ".join(str(err).strip().split("\n\n")[0].split())[:200]  # the message's first paragraph
+                log(f"{model_dir.name}: torch.compile failed at update {state['step'] + 1} ({type(err).__name__}: "
+                    f"{why}); training on uncompiled")
+                fwd = net
+                opt.zero_grad(set_to_none=True)
+                loss_sum = forward_backward(fwd, parts, n_real, state["batch_idx"] - 1)
             if prec.scaler is not None:  # skips the update when a gradient is inf/nan and lowers the scale
                 prec.scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), prof.clip_norm)
@@ -775,6 +817,8 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
     out = {"model": model, "params": model.num_parameters(), "updates": state["step"], "wall_s": round(state["wall"], 1),
            "tok_per_s": round(state["tokens"] / max(state["wall"], 1e-9), 1), "epochs": round(epochs, 3),
            "curve": curve, "finished": state["step"] >= prof.max_steps, "precision": prec.mode}
+    if prof.compile:  # False when the model trained uncompiled (the compiler failed, or none for this device)
+        out["compiled"] = fwd is not net
     if torch.device(device).type == "cuda":
         out["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     return out
