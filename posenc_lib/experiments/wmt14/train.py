@@ -191,9 +191,9 @@ class Profile:
     device_data: bool = False
     loss_chunk: int | None = None
     # more speed (the gpu profile): self-attention's q, k and v in one matrix product, and the model's forward and
-    # backward compiled with torch.compile (shapes dynamic after the first new one; a compile that fails falls back
-    # to the eager model with a warning). Compiled dropout draws its masks from its own generator: the same
-    # recipe, other masks than the eager model at the same seed
+    # backward as one torch.compile graph on a GPU (sizes symbolic from the first batch; a compile that fails falls
+    # back to the eager model with a warning; not used on a CPU device, see COMPILE_BACKENDS). Compiled dropout
+    # draws its masks from its own generator: the same recipe, other masks than the eager model at the same seed
     fused_qkv: bool = False
     compile: bool = False
     # batching: "target" sorts each chunk of pairs by target length (then source length); "both" by the
@@ -670,6 +670,7 @@ def train_model(pe: str, seed: int, prof: Profile, data: dict, tok, model_dir: s
                       "lr": 0.0})
         with open(metrics_path, "a") as f:
             f.write(json.dumps(curve[-1]) + "\n")
+
     def forward_backward(fwd, parts, n_real, at):
         """The update's loss (a device scalar) with its gradients added to the parameters, part by part."""
         loss_sum = None
