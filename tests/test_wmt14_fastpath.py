@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import posenc_lib.experiments.wmt14.fastpath as fast_mod
 import posenc_lib.experiments.wmt14.train as train_mod
 from posenc_lib import build_model, set_seed
+from posenc_lib.schemes.registry import PE_TYPES
 from posenc_lib.experiments.wmt14 import prepare_data
 from posenc_lib.experiments.wmt14.fastpath import (DeviceData, chunked_cross_entropy, matmul_flops_per_token,
                                                    padding_fraction)
@@ -290,7 +291,7 @@ def test_committed_run_folders_accept_the_profiles_with_the_new_fields(tmp_path)
 
 
 # -- q/k/v in one product, and the compiled step ---------------------------------------------------------------------
-def test_one_qkv_product_equals_three(prepared):
+def test_one_qkv_product_equals_three():
     """fused_qkv: the same attention output and the same gradients for each projection's own weights."""
     from posenc_lib.attention.layer import MultiHeadAttention
 
@@ -354,24 +355,19 @@ def test_compiled_fused_training_equals_the_eager_loop(tmp_path, prepared, trace
                                                                                  dict(traced["graph_break"]))
 
 
-def test_a_compiler_that_fails_leaves_the_eager_loop(tmp_path, prepared, monkeypatch):
+def test_a_compiler_that_fails_leaves_the_eager_loop(tmp_path, prepared, traced, monkeypatch):
     """A backend that raises: the update is redone uncompiled, the run says so once and ends on the eager curve."""
-    import torch._dynamo
 
     def broken(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setitem(train_mod.COMPILE_BACKENDS, "cpu", broken)
-    torch._dynamo.reset()
     tok, data = prepared
     base = dict(max_steps=4, log_every=2, val_every=2, ckpt_every=2, dropout=0.0)
     plain = train_model("rope", 0, tiny_profile(**base), data, tok, tmp_path / "a", progress=False, log=quiet)
     said = []
-    try:
-        fell = train_model("rope", 0, tiny_profile(**base, compile=True), data, tok, tmp_path / "b", progress=False,
-                           log=said.append)
-    finally:
-        torch._dynamo.reset()
+    fell = train_model("rope", 0, tiny_profile(**base, compile=True), data, tok, tmp_path / "b", progress=False,
+                       log=said.append)
     assert fell["compiled"] is False
     assert [m for m in said if "torch.compile failed at update 1" in m and "no compiler here" in m] == said[-1:]
     assert [r["train_loss"] for r in fell["curve"]] == [r["train_loss"] for r in plain["curve"]]
@@ -381,3 +377,13 @@ def test_a_compiler_that_fails_leaves_the_eager_loop(tmp_path, prepared, monkeyp
                             log=said.append)
     assert plain_too["compiled"] is False and any("compile=true is not used on cpu" in m for m in said)
     assert [r["train_loss"] for r in plain_too["curve"]] == [r["train_loss"] for r in plain["curve"]]
+
+
+@pytest.mark.parametrize("pe", [pe for pe in PE_TYPES if pe not in ("rope", "xlnet", "deberta")])
+def test_every_other_scheme_compiles_to_one_graph(tmp_path, prepared, traced, pe):
+    """The schemes the test above does not train: three updates of different shapes, one graph, no break."""
+    tok, data = prepared
+    prof = tiny_profile(max_steps=3, log_every=3, val_every=3, ckpt_every=3, **FAST, fused_qkv=True, compile=True)
+    assert train_model(pe, 0, prof, data, tok, tmp_path, progress=False, log=quiet)["compiled"] is True
+    assert traced["stats"]["unique_graphs"] == 1 and not traced["graph_break"], (dict(traced["stats"]),
+                                                                                 dict(traced["graph_break"]))

@@ -336,14 +336,16 @@ class MultiHeadAttention(nn.Module):
             self.last_weights = probs.detach()
         return (out, probs) if need_weights else out
 
+    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The q, k and v projections' weights ``(3 * d_model, d_model)`` and biases (or None) stacked in that order."""
+        w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
+        b = self.q_proj.bias
+        return w, None if b is None else torch.cat((b, self.k_proj.bias, self.v_proj.bias))
+
     def qkv_product(self, x: torch.Tensor) -> torch.Tensor:
         """``(batch, len, 3 * d_model)``: ``x``'s queries, keys and values in one product (gradients reach the three
         projections' own weights through the concatenation)."""
-        w = torch.cat((self.q_proj.weight, self.k_proj.weight, self.v_proj.weight))
-        b = self.q_proj.bias
-        if b is not None:
-            b = torch.cat((b, self.k_proj.bias, self.v_proj.bias))
-        return F.linear(x, w, b)
+        return F.linear(x, *self.qkv_weights())
 
     def _project(self, x, kv, scheme, prep, layer: int, cache):
         """``(q, k, v)``, each ``(batch, heads, len, head_dim)``: self-attention's rotated by the scheme and its keys

@@ -152,10 +152,9 @@ class _Packs:
                     self.linears.append((layer, torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), rows)))
             for block in model.decoder:
                 attn = block.self_attn
-                parts = (attn.q_proj, attn.k_proj, attn.v_proj)
-                weight = torch.cat([p.weight.detach() for p in parts])
+                with torch.no_grad():
+                    weight, bias = attn.qkv_weights()
                 if weight.numel() >= PACK_MIN_ELEMENTS:
-                    bias = None if attn.q_proj.bias is None else torch.cat([p.bias.detach() for p in parts])
                     self.qkv.append((attn, torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias))
             out = model.embed.weight if model.out_proj is None else model.out_proj.weight
             small = out.numel() < PACK_MIN_ELEMENTS  # then Seq2SeqTransformer.logits' own product
