@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Lesson 13's budget runs: every scheme, both architectures, the reversal task (seeds 0..4) and the copy task
-# (seeds 0..2), in rounds: reversal seed 0, copy seed 0, reversal seed 1, copy seed 1, ..., so that a stopped run
-# leaves whole seeds of both tasks behind.  The two architectures train side by side, one CPU thread each.
+# Lesson 13's budget runs: every scheme, both architectures, the reversal and copy tasks (seeds 0..4 each), in
+# rounds: reversal seed 0, copy seed 0, reversal seed 1, copy seed 1, ..., so that a stopped run leaves whole seeds
+# of both tasks behind.  The two architectures train side by side, one CPU thread each.
 # Finished models are skipped: run the script again to resume.
-#   bash scripts/extrapolation_budget.sh            # everything: 160 models of 8000 updates, about 6.3 hours on 2 cores
+#   bash scripts/extrapolation_budget.sh            # everything: 200 models of 8000 updates, about 8 hours on 2 cores
 #   SEEDS="0 1 2" TASKS=reverse bash scripts/extrapolation_budget.sh
 # Other work on the same cores while this runs: .venv/bin/python scripts/with_budget_paused.py COMMAND (stops the
 # training for it and records the pause, which the cost per model in lesson 13 and the README leaves out).
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 ME=scripts/extrapolation_budget.sh
 PY=${PYTHON:-.venv/bin/python}
 SEEDS=${SEEDS-"0 1 2 3 4"}
-COPY_SEEDS=${COPY_SEEDS-"0 1 2"}
+COPY_SEEDS=${COPY_SEEDS-"0 1 2 3 4"}
 TASKS=${TASKS-"reverse copy"}
 OUT=results/extrapolation_budget
 ENCDEC=none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split

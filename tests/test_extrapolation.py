@@ -590,6 +590,13 @@ def test_training_minutes_subtract_every_recorded_pause(tmp_path):
     path = tmp_path / "reverse/decoder/rope_seed0.json"
     path.write_text(json.dumps({"train": {"seconds": 900.0, "cpu_seconds": 240.0}}))
     assert ex.training_minutes(tmp_path)["reverse/decoder/rope_seed0.json"] == 4.0
+    # records at any depth, not only TASK/ARCH/; other files are not records
+    record("lr_sweep/encdec_lr1e-3/rope_seed0.json", 120.0)
+    record("encdec/none_seed2.json", 60.0)
+    (tmp_path / "encdec" / "notes.json").write_text("{}")
+    minutes = ex.training_minutes(tmp_path)
+    assert (minutes["lr_sweep/encdec_lr1e-3/rope_seed0.json"], minutes["encdec/none_seed2.json"]) == (2.0, 1.0)
+    assert len(minutes) == 5
 
 
 def _pause_script():

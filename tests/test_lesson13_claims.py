@@ -21,11 +21,6 @@ RELATIVE = ["shaw", "rope", "deberta", "alibi", "alibi-split"]  # the encoder-de
 PLAIN = ["sinusoidal", "learned", "shaw", "rope", "t5", "xlnet", "deberta", "alibi", "alibi-split"]
 
 
-def _later(key):
-    """Encoder-decoder copying, seeds 3 and 4: trained after scripts/extrapolation_budget.sh, their CPU time recorded."""
-    return key.startswith("copy/encdec/") and int(key.rsplit("_seed", 1)[1].removesuffix(".json")) >= 3
-
-
 def _budget_records(folder, task, arch):
     return ex.load_results(folder / task / arch)
 
@@ -114,12 +109,12 @@ def test_section3_design_and_cost(budget_runs):
             assert r["profile"] == "budget" and (r["config"]["task"], r["config"]["arch"]) == (task, arch)
             assert r["train"]["steps"] == STEPS[task, arch] and r["config"]["bias_lr_scale"] == 1.0
     assert seeds == {("reverse", "encdec"): [0, 1, 2, 3, 4], ("reverse", "decoder"): [0, 1, 2, 3, 4],
-                     ("copy", "encdec"): [0, 1, 2], ("copy", "decoder"): [0, 1, 2]}
-    cost = ex.training_minutes(RESULTS / "extrapolation_budget")
-    minutes = [m for key, m in cost.items() if not _later(key)]
+                     ("copy", "encdec"): [0, 1, 2, 3, 4], ("copy", "decoder"): [0, 1, 2, 3, 4]}
+    minutes = list(ex.training_minutes(RESULTS / "extrapolation_budget").values())
     assert 2.5 <= min(minutes) and max(minutes) < 11.5
-    hours = 160 * sum(minutes) / len(minutes) / 2 / 60
-    assert len(minutes) == 160 and (round(sum(minutes) / 60, 1), round(hours, 1)) == (12.6, 6.3)
+    assert len(minutes) == 200 and (round(sum(minutes) / 60, 1), round(sum(minutes) / 120, 1)) == (15.9, 8.0)
+    every = [m for d in sorted(RESULTS.glob("extrapolation*")) for m in ex.training_minutes(d).values()]
+    assert round(sum(every) / 60) == 29  # "at most 29 CPU hours" for every model behind the lesson
     long_minutes = [m for key, m in ex.training_minutes(RESULTS / "extrapolation_budget_16000").items()
                     if not key.endswith("_seed1.json")]  # seed 1 shared the cores
     long_hours = 50 * sum(long_minutes) / len(long_minutes) / 60
@@ -135,8 +130,13 @@ def test_section4_mastery(runs, runs_8000):
         for run, m in ex.mastery_summary(recs).items():
             if (arch, run) == ("encdec", "none"):
                 assert m["mastered"] == 0 and max(w[1] for w in m["weakest"]) < 0.5, (task, run)
+            elif (task, arch, run) == ("copy", "decoder", "t5-wide"):  # seed 4 mastered at 7000, then slipped
+                assert m["mastered"] == m["runs"] - 1 and None not in m["first_mastered"], m
             else:
                 assert m["mastered"] == m["runs"] and None not in m["first_mastered"], (task, arch, run)
+    slipped = [r for r in runs["copy", "decoder"] if not r["train"]["mastered"]]
+    assert [(r["pe"], r["seed"], r["train"]["first_mastered"]) for r in slipped] == [("t5-wide", 4, 7000)]
+    assert sorted(slipped[0]["train"]["mastery_by_length"].items(), key=lambda kv: kv[1])[0] == ("12", 0.985)
     assert len(runs["reverse", "decoder"]) == 50 and all(r["train"]["steps"] == 16000 for r in runs["reverse", "decoder"])
     first = {run: ex.mastery_summary(runs["reverse", "decoder"])[run]["first_mastered"] for run in ("none", "alibi")}
     assert (min(first["none"]), max(first["none"])) == (12500, 14000)
@@ -207,9 +207,10 @@ def test_section6_where_the_errors_fall(runs):
 
 
 def test_section7_copying(runs):
-    """'A second task: copying': sinusoidal near section 6's 0.81; DeBERTa, split ALiBi and T5 at 0.77 or more in 3 of
-    3 seeds, DeBERTa beyond 2L in 2 of 3, XLNet in 2 of 3; decoder-only ALiBi to 4L in 3 of 3, Shaw in 1 of 3;
-    DeBERTa ahead of T5 and level with split ALiBi at n = 20, ahead of both at n = 24 (paired, 95% interval)."""
+    """'A second task: copying': sinusoidal near section 6's 0.81; DeBERTa, split ALiBi and T5 at 0.715 or more in 5
+    of 5 seeds, DeBERTa a tenth at 2L in 4 of 5, XLNet past L in 3 of 5; decoder-only ALiBi above 0.9 at 2L in 5 of 5,
+    XLNet in 2 of 5, Shaw in 1 of 5; DeBERTa level with T5 and split ALiBi at n = 20, ahead of both at n = 24
+    (paired, 95% interval), and ahead of T5 at n = 20 over the first three seeds only."""
     n = 20
     chance_rest = L / n + (1 - L / n) / BUDGET.n_symbols
     tf = ex.summarize(runs["reverse", "encdec"], "tf_token_accuracy")
@@ -221,30 +222,34 @@ def test_section7_copying(runs):
     # the lesson reads the four runs that keep exact matches past L over every seed that holds all four
     key, key_seeds = ex.whole_seeds(_budget_records(RESULTS / "extrapolation_budget", "copy", "encdec"),
                                     ["t5", "xlnet", "deberta", "alibi-split"])
-    assert key_seeds == [0, 1, 2]  # "3 of 3", "2 of 3"
+    assert key_seeds == [0, 1, 2, 3, 4]  # "5 of 5", "3 of 5"
     assert abs(at(ctf["encdec"], "sinusoidal", 20) - chance_rest) < 0.06 and round(at(tf, "sinusoidal", 20), 2) == 0.09
     assert at(e, "sinusoidal", 20) == 0 and at(d, "sinusoidal", 20) == 0
-    assert min(min(per_seed(key, r, 20)) for r in ("deberta", "alibi-split", "t5")) == 0.77
-    assert per_seed(key, "deberta", 32) == [0.89, 0.93, 0.02]
-    assert per_seed(key, "xlnet", 20) == [0.895, 0.0, 0.925]
-    assert per_seed(key, "xlnet", 20, "tf_token_accuracy", 2)[1] == 0.30 <= min(per_seed(ce, "none", 20, "tf_token_accuracy")) + 0.01
+    assert min(min(per_seed(key, r, 20)) for r in ("deberta", "alibi-split", "t5")) == 0.715
+    assert per_seed(key, "deberta", 32) == [0.89, 0.93, 0.02, 0.22, 0.4]  # "0.22 to 0.93 in 4 of 5, 0.02 in the fifth"
+    assert per_seed(key, "xlnet", 20) == [0.895, 0.0, 0.925, 0.0, 0.23]
+    xl_tf = per_seed(key, "xlnet", 20, "tf_token_accuracy", 2)
+    assert (xl_tf[1], xl_tf[3]) == (0.30, 0.18) and max(xl_tf[1], xl_tf[3]) <= min(per_seed(ce, "none", 20, "tf_token_accuracy")) + 0.01
     assert all(at(e, r, 20) <= 0.01 for r in ("rope", "shaw", "alibi")) and at(ctf["encdec"], "rope", 20) < 0.1
-    assert len(per_seed(cd, "alibi", 32)) == 3  # "3 of 3 seeds"
-    assert min(per_seed(cd, "alibi", 32)) > 0.9 and min(per_seed(cd, "alibi", 64)) > 0.4
+    assert len(per_seed(cd, "alibi", 32)) == 5 and min(per_seed(cd, "alibi", 32)) > 0.9  # "above 0.9 at 2L in 5 of 5"
+    assert (min(per_seed(cd, "alibi", 64)), max(per_seed(cd, "alibi", 64))) == (0.19, 0.755)
     assert at(d, "none", 20) > 0.9 and max(per_seed(cd, "none", 32)) <= 0.005  # "almost nothing at 2L"
     assert min(v for r in ("t5", "t5-wide") for v in per_seed(cd, r, 32)) > 0
-    shaw20 = per_seed(cd, "shaw", 20)
-    assert sorted(shaw20)[-1] == 0.65 and sorted(shaw20)[-2] <= 0.05  # "1 of 3"
-    assert max(v for r in ("sinusoidal", "rope", "xlnet", "deberta") for v in per_seed(cd, r, 20)) <= 0.05
+    shaw20, xlnet20 = per_seed(cd, "shaw", 20), per_seed(cd, "xlnet", 20)
+    assert sorted(shaw20)[-1] == 0.65 and sorted(shaw20)[-2] <= 0.05  # "1 of 5", "almost nothing in the others"
+    assert sorted(xlnet20)[-2:] == [0.355, 0.385] and sorted(xlnet20)[-3] <= 0.05  # "2 of 5"
+    assert max(v for r in ("rope", "deberta") for v in per_seed(cd, r, 20)) == 0.025  # "0.025 or less"
+    assert max(per_seed(cd, "sinusoidal", 20)) == 0
     assert at(rem, "deberta", 20) == 0 and 0.7 < at(tf, "rope", 20) < 0.8  # the reorderings named
     deb = {(other, n): ex.paired_difference(key, "deberta", other, n) for n in (20, 24) for other in ("t5", "alibi-split")}
-    assert deb["t5", 20]["mean"] - deb["t5", 20]["ci95"] > 0  # ahead of T5 at n = 20
-    assert abs(deb["alibi-split", 20]["mean"]) < deb["alibi-split", 20]["ci95"]  # level with split ALiBi
+    assert all(abs(deb[other, 20]["mean"]) < deb[other, 20]["ci95"] for other in ("t5", "alibi-split"))  # level
     assert all(deb[other, 24]["mean"] - deb[other, 24]["ci95"] > 0 for other in ("t5", "alibi-split"))  # ahead of both
-    assert [round(deb[k][v], 2) for k in deb for v in ("mean", "ci95")] == [0.14, 0.11, 0.06, 0.07, 0.75, 0.48, 0.72, 0.46]
+    assert [round(deb[k][v], 2) for k in deb for v in ("mean", "ci95")] == [0.02, 0.22, 0.01, 0.12, 0.54, 0.52, 0.67, 0.23]
+    first3 = ex.paired_difference([r for r in key if r["seed"] < 3], "deberta", "t5", 20)  # "over the first three"
+    assert first3["mean"] - first3["ci95"] > 0 and (round(first3["mean"], 2), round(first3["ci95"], 2)) == (0.14, 0.11)
 
 
-def test_section8_against_the_papers(runs, budget_runs):
+def test_section8_against_the_papers(runs):
     """'Against the papers': rotary ahead of sinusoidal in reversal's teacher-forced token accuracy, not in
     copying; the two decoder-only T5 tables and the untrained buckets of the library's; no positions and ALiBi
     ahead of RoPE, XLNet, DeBERTa and scaled T5; ALiBi first in copying from 24 to 4L; t5-wide level in reversal;
@@ -276,10 +281,8 @@ def test_section8_against_the_papers(runs, budget_runs):
 
     for task in ex.TASKS:
         for a in ("none", "alibi"):
-            assert all(rule(task, a, b)[0] == "ahead" for b in ("rope", "xlnet", "deberta", "t5")), (task, a)
+            assert all(rule(task, a, b)[0] == "ahead" for b in ("shaw", "rope", "xlnet", "deberta", "t5")), (task, a)
         assert rule(task, "none", "alibi")[0] == "level"
-        assert rule(task, "none", "shaw")[0] == ("ahead" if task == "reverse" else "level") == rule(task, "alibi", "shaw")[0]
-        assert rule(task, "none", "shaw")[1]["wins"] == len(budget_runs[1][task, "decoder"])  # every seed
     assert all(rule("copy", "alibi", b, n)[0] == "ahead" for n in (24, 32, 48, 64)
                for b in ex.BUDGET_RUNS["decoder"] if b not in ("alibi", "learned"))
     assert all(rule("reverse", "t5-wide", b, n)[0] == "level" for n in (20, 24) for b in ("none", "alibi"))
@@ -287,15 +290,21 @@ def test_section8_against_the_papers(runs, budget_runs):
     pairs = {(task, arch): ex.summarize(runs[task, arch], "exact_match") for task in ex.TASKS for arch in ex.ARCHS}
     tenth = {run: sum(at(s, run, 20) >= 0.1 for s in pairs.values())
              for run in ["learned", "shaw", "rope", "t5", "xlnet", "deberta"]}
-    assert tenth["t5"] == 3 and tenth["xlnet"] == 2 and max(v for r, v in tenth.items() if r not in ("t5", "xlnet")) <= 1
+    assert tenth["t5"] == 3 and tenth["xlnet"] == 3 and max(v for r, v in tenth.items() if r not in ("t5", "xlnet")) <= 1
     s = pairs["copy", "decoder"]
-    assert at(s, "alibi", 32) > at(s, "none", 32) + 0.5 and at(s, "alibi", 64) > 0.3
+    assert at(s, "alibi", 32) > at(s, "none", 32) + 0.5 and min(per_seed(runs["copy", "decoder"], "alibi", 64)) > 0.1
+    mastered_only = [r for r in runs["copy", "decoder"] if r["seed"] != 4]  # t5-wide seed 4 ended short of mastery
+    for a in ("none", "alibi"):  # "without it the gaps hold"
+        assert rule("copy", a, "t5-wide")[0] == "ahead"
+        d = ex.paired_difference(mastered_only, a, "t5-wide", 20)
+        assert d["mean"] - d["ci95"] > 0, a
     rev = runs["reverse", "decoder"]
     s = pairs["reverse", "decoder"]
     assert at(s, "t5-wide", 32) > at(s, "alibi", 32) == 0 and max(per_seed(rev, "alibi", 32)) == 0
     assert per_seed(rev, "t5", 20) == [0.0, 0.0, 0.0, 0.0, 0.035]
-    assert all(max(v for n in BUDGET.test_lengths if n > L for v in per_seed(runs[task, arch], "rope", n)) == 0
-               for task in ex.TASKS for arch in ex.ARCHS)
+    past = [v for task in ex.TASKS for arch in ex.ARCHS for n in BUDGET.test_lengths if n > L
+            for v in per_seed(runs[task, arch], "rope", n)]
+    assert max(past) == 0.025 and sum(v > 0 for v in past) == 1  # "0.025 in one of its twenty runs"
 
 
 @pytest.fixture(scope="module")

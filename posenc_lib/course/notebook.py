@@ -115,8 +115,7 @@ RESULT_COMMANDS = {
                                              "--seeds 0 --out results/extrapolation_course/lr_sweep/ARCH_lrLR for ARCH "
                                              "encdec (without alibi) and decoder, LR 1e-3 and 4e-3",
     "results/extrapolation_budget": "bash scripts/extrapolation_budget.sh (both architectures, in rounds: reversal "
-                                    "seed k, then copying seed k; reversal seeds 0-4, copying 0-2; run it again to "
-                                    "resume)",
+                                    "seed k, then copying seed k; seeds 0-4 of each; run it again to resume)",
     "results/extrapolation_budget_16000": "bash scripts/extrapolation_budget_16000.sh (decoder-only reversal, every "
                                           "scheme, seeds 0-4, 16000 updates; one seed at a time; run it again to "
                                           "resume)",

@@ -63,7 +63,7 @@ Command line::
     python -m posenc_lib.experiments.extrapolation --profile course --pe none,rope-rand --seeds 0 --lr 4e-3 --out results/extrapolation_course/lr_sweep/encdec_lr4e-3
     python -m posenc_lib.experiments.extrapolation --profile budget --arch decoder --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,t5-wide --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/decoder --jobs 2
     python -m posenc_lib.experiments.extrapolation --profile budget --arch encdec --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,alibi-split --seeds 0,1,2,3,4 --out results/extrapolation_budget/reverse/encdec --jobs 2
-    (the same with --task copy, seeds 0,1,2 and --out results/extrapolation_budget/copy/ARCH for the second task;
+    (the same with --task copy and --out results/extrapolation_budget/copy/ARCH for the second task;
     scripts/extrapolation_budget.sh runs them all, seed by seed)
     python -m posenc_lib.experiments.extrapolation --profile budget --task reverse --arch decoder --steps 16000 --pe none,sinusoidal,learned,shaw,rope,t5,xlnet,deberta,alibi,t5-wide --seeds 0,1,2,3,4 --out results/extrapolation_budget_16000/reverse/decoder --jobs 2
     (decoder-only reversal with the longer budget lesson 13 reads for it; scripts/extrapolation_budget_16000.sh)
@@ -820,14 +820,15 @@ PAUSE_NOTE = ("training processes of these models were stopped (SIGSTOP) while o
 
 
 def training_minutes(folder: str | Path) -> dict[str, float]:
-    """Minutes of training per committed model under ``folder`` (records at ``TASK/ARCH/RUN_seedS.json``, as the
-    budget runs write them): the cost of each model on one thread.  A record with ``train.cpu_seconds`` (the
-    training process's CPU time, recorded since models were also trained at low priority beside other work) gives
-    that; an older one its wall-clock ``train.seconds`` less any recorded pause (:func:`pauses`)."""
+    """Minutes of training per committed model under ``folder``, keyed by the record's path relative to it (records
+    ``RUN_seedS.json`` at any depth: ``TASK/ARCH/`` as the budget runs write them): the cost of each model on one
+    thread.  A record with ``train.cpu_seconds`` (the training process's CPU time, recorded since models were also
+    trained at low priority beside other work) gives that; an older one its wall-clock ``train.seconds`` less any
+    recorded pause (:func:`pauses`)."""
     folder = Path(folder)
     paused = pauses(folder)
     minutes = {}
-    for path in sorted(folder.glob("*/*/*_seed*.json")):
+    for path in sorted(folder.rglob("*_seed*.json")):
         key = path.relative_to(folder).as_posix()
         t = read_json(path)["train"]
         minutes[key] = (t["cpu_seconds"] if "cpu_seconds" in t else t["seconds"] - paused.get(key, 0.0)) / 60
